@@ -1,0 +1,1 @@
+"""Algorithms as plans: one file each, with a frozen config, a policy and ``plan(workers, config)``."""

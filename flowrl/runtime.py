@@ -1,0 +1,75 @@
+"""Ray start-up with flowrl's defaults, and actor options.
+
+Ray 2.60 keeps a local instance on 127.0.0.1 only when ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is in
+the environment when ``ray`` is first imported, so this module sets it (unless the user already set
+it) before importing Ray, and warns when Ray was imported earlier without it.
+
+Examples:
+    >>> actor_options(num_cpus=0)
+    {'num_cpus': 0, 'max_restarts': 0}
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any
+
+_LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_RAY_PREIMPORTED = "ray" in sys.modules and _LOOPBACK_VAR not in os.environ
+os.environ.setdefault(_LOOPBACK_VAR, "0")
+
+import ray  # noqa: E402  (must follow the environment variable above)
+
+__all__ = ["init", "ensure_initialized", "actor_options"]
+
+
+def init(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
+         **ray_kwargs: Any) -> None:
+    """Starts an embedded Ray instance on loopback, or joins a cluster; no-op if Ray is running.
+
+    Args:
+        address: ``None`` starts a local instance bound to 127.0.0.1 with no dashboard;
+            ``"auto"`` or ``"ray://host:port"`` (or ``"host:port"``) joins an existing cluster.
+        num_cpus: logical CPUs of the local instance (``None``: what Ray detects). Ignored when joining.
+        num_gpus: GPUs of the local instance. Ignored when joining.
+        **ray_kwargs: passed to ``ray.init`` unchanged.
+
+    Raises:
+        ValueError: ``num_cpus``/``num_gpus`` given together with ``address``.
+    """
+    if ray.is_initialized():
+        return
+    if address is not None:
+        if num_cpus is not None or num_gpus is not None:
+            raise ValueError(f"init(address={address!r}) joins a cluster whose resources are already "
+                             f"set; drop num_cpus/num_gpus or pass address=None for a local instance")
+        ray.init(address=address, **ray_kwargs)
+        return
+    if _RAY_PREIMPORTED:
+        warnings.warn(f"ray was imported before flowrl without {_LOOPBACK_VAR}=0, so the local Ray "
+                      f"instance may listen on this machine's network address; set the variable "
+                      f"before importing ray", RuntimeWarning, stacklevel=2)
+    ray_kwargs.setdefault("include_dashboard", False)
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **ray_kwargs)
+
+
+def ensure_initialized() -> None:
+    """Starts the local default instance (:func:`init`) unless Ray is already running."""
+    if not ray.is_initialized():
+        init()
+
+
+def actor_options(*, num_cpus: float = 1, num_gpus: float = 0, **extra: Any) -> dict[str, Any]:
+    """Options for a flowrl actor: the given resources and ``max_restarts=0``.
+
+    flowrl never lets Ray restart its actors: a restarted shard would come back without its
+    transforms (and a rollout worker without its current weights); flowrl replaces them itself.
+    """
+    if num_cpus < 0 or num_gpus < 0:
+        raise ValueError(f"actor resources must be >= 0, got num_cpus={num_cpus}, num_gpus={num_gpus}")
+    options: dict[str, Any] = {"num_cpus": num_cpus, **({"num_gpus": num_gpus} if num_gpus else {})}
+    options.update(extra)
+    options["max_restarts"] = 0
+    return options
