@@ -39,12 +39,12 @@ def init(address: str | None = None, *, num_cpus: int | None = None, num_gpus: i
     Raises:
         ValueError: ``num_cpus``/``num_gpus`` given together with ``address``.
     """
+    if address is not None and (num_cpus is not None or num_gpus is not None):
+        raise ValueError(f"init(address={address!r}) joins a cluster whose resources are already "
+                         f"set; drop num_cpus/num_gpus or pass address=None for a local instance")
     if ray.is_initialized():
         return
     if address is not None:
-        if num_cpus is not None or num_gpus is not None:
-            raise ValueError(f"init(address={address!r}) joins a cluster whose resources are already "
-                             f"set; drop num_cpus/num_gpus or pass address=None for a local instance")
         ray.init(address=address, **ray_kwargs)
         return
     if _RAY_PREIMPORTED:

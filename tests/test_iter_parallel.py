@@ -1,0 +1,439 @@
+"""ParallelIterator over shard actors: gathers, shards, re-initialisation (SEMANTICS.md §6, items 1–7, 10, 19–28)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any, Iterator
+
+import pytest
+import ray
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ray import cloudpickle
+
+from flowrl.iter import (LocalIterator, ParallelIterator, ParallelIteratorWorker, from_actors, from_items,
+                         from_iterators, from_range, get_shard_worker)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class CountingShard(ParallelIteratorWorker):
+    """Streams ``items`` (forever when None) from a generator, counting what it produced."""
+
+    def __init__(self, items: list[Any] | None = None, delay: float = 0.0) -> None:
+        self.produced = 0
+
+        def generate() -> Iterator[Any]:
+            for x in (items if items is not None else iter(int, 1)):
+                time.sleep(delay)
+                self.produced += 1
+                yield x
+
+        super().__init__(generate)
+
+    def get_produced(self) -> int:
+        return self.produced
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ProgrammableShard(ParallelIteratorWorker):
+    """A re-iterable shard whose items are set between gathers (reused across Hypothesis examples)."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.produced = 0
+        super().__init__(lambda: self)
+
+    def __iter__(self) -> Iterator[Any]:
+        for x in self.items:
+            self.produced += 1
+            yield x
+
+    def set_items(self, items: list[Any]) -> None:
+        self.items, self.produced = items, 0
+
+    def get_produced(self) -> int:
+        return self.produced
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@pytest.fixture(scope="module")
+def pool() -> list[Any]:
+    actors = [ProgrammableShard.remote() for _ in range(4)]  # type: ignore[attr-defined]
+    ray.get([a.pid.remote() for a in actors])
+    return actors
+
+
+def programmed(pool: list[Any], shards: list[list[Any]]) -> ParallelIterator[Any]:
+    ray.get([a.set_items.remote(xs) for a, xs in zip(pool, shards)])
+    return from_actors(pool[:len(shards)])
+
+
+def produced(actors: list[Any]) -> list[int]:
+    return ray.get([a.get_produced.remote() for a in actors])
+
+
+# -- constructors and names (item 1) ---------------------------------------------------------------
+
+def test_from_items_deals_round_robin_and_from_range_gives_blocks_with_the_remainder_last() -> None:
+    items = from_items([10, 11, 12, 13, 14], num_shards=2)
+    assert [s.take(10) for s in items.shards()] == [[10, 12, 14], [11, 13]]
+    assert [s.take(10) for s in from_range(10, num_shards=3).shards()] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    assert repr(items) == "ParallelIterator[from_items[int, 5, shards=2]]"
+    assert repr(from_range(10, 3, repeat=True)) == "ParallelIterator[from_range[10, shards=3, repeat=True]]"
+    assert repr(from_iterators([[1], [2]])) == "ParallelIterator[from_iterators[shards=2]]"
+    assert repr(from_iterators([[1]], name="mine")) == "ParallelIterator[mine]"
+    assert repr(from_items([], num_shards=1)) == "ParallelIterator[from_items[None, 0, shards=1]]"
+
+
+def test_reprs_name_the_pipeline(pool: list[Any]) -> None:
+    pi = from_items([1, 2, 3, 4], num_shards=2)
+    assert repr(pi.for_each(lambda x: x)) == "ParallelIterator[from_items[int, 4, shards=2].for_each()]"
+    assert repr(pi.for_each(lambda x: x).gather_async()) == (
+        "LocalIterator[ParallelIterator[from_items[int, 4, shards=2].for_each()].gather_async()]")
+    assert repr(pi.batch(2).flatten().local_shuffle(3, seed=1).gather_sync()) == (
+        "LocalIterator[ParallelIterator[from_items[int, 4, shards=2].batch(2).flatten()"
+        ".local_shuffle(shuffle_buffer_size=3, seed=1)].gather_sync()]")
+    assert repr(pi.batch_across_shards()) == "LocalIterator[ParallelIterator[from_items[int, 4, shards=2]].batch_across_shards()]"
+    assert repr(pi.get_shard(1)) == "LocalIterator[ParallelIterator[from_items[int, 4, shards=2]].shard[1]]"
+    assert repr(pi.select_shards([1])) == "ParallelIterator[from_items[int, 4, shards=2].select_shards([1])]"
+    other = from_actors(pool[:1])
+    assert repr(pi.union(other)) == ("ParallelIterator[ParallelUnion[ParallelIterator[from_items[int, 4, shards=2]], "
+                                     "ParallelIterator[from_actors[shards=1]]]]")
+    assert repr(from_range(4).repartition(2)) == "ParallelIterator[from_range[4, shards=2].repartition[num_partitions=2]]"
+
+
+@pytest.mark.parametrize("call", [lambda: from_items([1], num_shards=0), lambda: from_range(-1),
+                                  lambda: from_range(3, num_shards=0)])
+def test_constructor_arguments_are_checked(call: Any) -> None:
+    with pytest.raises(ValueError):
+        call()
+
+
+# -- gather_sync / batch_across_shards (items 2–3) ------------------------------------------------
+
+def test_gather_sync_orders() -> None:
+    assert from_range(4).gather_sync().take(10) == [0, 2, 1, 3]
+    assert from_range(4).filter(lambda x: x < 3).gather_sync().take(10) == [0, 2, 1]
+    assert from_iterators([[0, 1, 2], [3]]).batch_across_shards().take(10) == [[0, 3], [1], [2]]
+
+
+def test_batch_across_shards_is_a_barrier_without_prefetch() -> None:
+    actors = [CountingShard.remote() for _ in range(3)]  # type: ignore[attr-defined]
+    lists = from_actors(actors).batch_across_shards()
+    for n in range(1, 5):
+        assert len(next(lists)) == 3
+        assert produced(actors) == [n, n, n]
+    items = from_actors(actors).gather_sync()
+    for m in range(1, 8):
+        next(items)
+        assert produced(actors) == [4 + math.ceil(m / 3)] * 3
+
+
+@settings(max_examples=25, deadline=None)
+@given(shards=st.lists(st.lists(st.integers(), max_size=6), min_size=1, max_size=4))
+def test_property_gather_sync_is_a_barrier(pool: list[Any], shards: list[list[int]]) -> None:
+    expected, round_of = [], []
+    for r in range(max(map(len, shards), default=0)):
+        for xs in shards:
+            if r < len(xs):
+                expected.append(xs[r])
+                round_of.append(r + 1)
+    out = []
+    for m, x in enumerate(programmed(pool, shards).gather_sync()):
+        out.append(x)
+        assert produced(pool[:len(shards)]) == [min(len(xs), round_of[m]) for xs in shards]
+    assert out == expected
+
+
+# -- gather_async (items 4–5) ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_gather_async_resubmits_before_yielding(k: int) -> None:
+    actor = CountingShard.remote()  # type: ignore[attr-defined]
+    it = from_actors([actor]).gather_async(num_async=k)
+    assert next(it) == 0
+    assert produced([actor]) == [k + 1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(shards=st.lists(st.lists(st.integers(), max_size=8), min_size=1, max_size=4), k=st.integers(1, 3))
+def test_property_gather_async_bounds_requests_and_delivers_exactly_once(
+        pool: list[Any], shards: list[list[int]], k: int) -> None:
+    tagged = [[(i, x) for x in xs] for i, xs in enumerate(shards)]
+    actors = pool[:len(shards)]
+    it = programmed(pool, tagged).gather_async(num_async=k).zip_with_source_actor()
+    consumed = [0] * len(shards)
+    out = []
+    for actor, (i, x) in it:
+        assert actor == actors[i]  # current_actor is the producer
+        consumed[i] += 1
+        out.append((i, x))
+        for j, count in enumerate(produced(actors)):
+            assert count - consumed[j] <= k  # never more than k requests outstanding per shard
+    assert sorted(out) == sorted(x for xs in tagged for x in xs)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_async": 0}, {"batch_ms": -1}, {"num_async": 1.5}])
+def test_gather_async_arguments_are_checked(kwargs: dict[str, Any]) -> None:
+    pi = from_items([1])
+    with pytest.raises(ValueError):
+        pi.gather_async(**kwargs)
+    with pytest.raises(ValueError):
+        pi.get_shard(0, **kwargs)
+
+
+def test_batched_async_gather_delivers_everything_and_returns_at_end_of_stream() -> None:
+    assert sorted(from_range(100).gather_async(batch_ms=100, num_async=4).take(1000)) == list(range(100))
+    start = time.monotonic()
+    assert from_items([1, 2, 3], num_shards=1).gather_async(batch_ms=1000).take(10) == [1, 2, 3]
+    assert time.monotonic() - start < 0.9  # the shard answered at end of stream, not at the deadline
+
+
+# -- get_shard (item 6) ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_async,batch_ms", [(1, 0), (3, 0), (2, 50)])
+def test_get_shard_returns_the_shard_in_order(num_async: int, batch_ms: float) -> None:
+    pi = from_range(20, num_shards=2)
+    assert pi.get_shard(1, batch_ms=batch_ms, num_async=num_async).take(100) == list(range(10, 20))
+    with pytest.raises(ValueError, match="shards 0..1"):
+        pi.get_shard(2)
+
+
+def test_get_shard_sets_current_actor_to_its_shard(pool: list[Any]) -> None:
+    pi = programmed(pool, [[1], [2, 3]])
+    assert pi.get_shard(1).zip_with_source_actor().take(5) == [(pool[1], 2), (pool[1], 3)]
+
+
+# -- remote operators run in the shard (item 7) ----------------------------------------------------
+
+def _pid(_: Any) -> int:
+    return os.getpid()
+
+
+@pytest.mark.parametrize("build", [
+    lambda pi: pi.for_each(_pid),
+    lambda pi: pi.filter(lambda x: x == os.getpid() or True).for_each(lambda x: get_shard_worker().pid()),
+    lambda pi: pi.batch(2).for_each(lambda b: os.getpid()),
+    lambda pi: pi.for_each(lambda x: [os.getpid()]).flatten(),
+    lambda pi: pi.combine(lambda x: [os.getpid()] * 2),
+    lambda pi: pi.transform(lambda xs: (os.getpid() for _ in xs)),
+])
+def test_remote_operators_run_inside_the_shard_actor(pool: list[Any], build: Any) -> None:
+    pi = programmed(pool, [[1, 2], [3, 4]])
+    pids = set(build(pi).gather_sync().take(100))
+    assert pids == set(ray.get([a.pid.remote() for a in pool[:2]]))
+    assert os.getpid() not in pids
+
+
+# -- for_each(max_concurrency) (item 10) ------------------------------------------------------------
+
+@ray.remote(num_cpus=0)
+class Tracker:
+    def __init__(self) -> None:
+        self.running: dict[int, int] = {}
+        self.max_total = 0
+        self.violations = 0
+        self.enters = 0
+
+    def enter(self, shard: int) -> None:
+        if self.running.get(shard, 0) >= 2:
+            self.violations += 1
+        self.running[shard] = self.running.get(shard, 0) + 1
+        self.enters += 1
+        self.max_total = max(self.max_total, sum(self.running.values()))
+
+    def leave(self, shard: int) -> None:
+        self.running[shard] -= 1
+
+    def report(self) -> tuple[int, int, int]:
+        return self.max_total, self.violations, self.enters
+
+
+@pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
+def test_for_each_max_concurrency_keeps_k_tasks_running_per_shard(pool: list[Any], gather: str) -> None:
+    tracker = Tracker.remote()  # type: ignore[attr-defined]
+
+    def work(item: tuple[int, int]) -> int:
+        ray.get(tracker.enter.remote(item[0]))
+        time.sleep(0.15)
+        ray.get(tracker.leave.remote(item[0]))
+        return item[1]
+
+    pi = programmed(pool, [[(0, x) for x in range(6)], [(1, x) for x in range(6, 12)]])
+    out = getattr(pi.for_each(work, max_concurrency=2, resources={"num_cpus": 0}), gather)().take(100)
+    assert sorted(out) == list(range(12))
+    assert ray.get(tracker.report.remote()) == (4, 0, 12)
+    with pytest.raises(ValueError, match="max_concurrency"):
+        pi.for_each(work, max_concurrency=0)
+
+
+# -- source actors, nesting, selection (items 19–22) ------------------------------------------------
+
+def test_zip_with_source_actor(pool: list[Any]) -> None:
+    with pytest.raises(ValueError, match="Could not identify source actor"):
+        from_range(4).gather_sync().zip_with_source_actor().take(4)
+    pi = programmed(pool, [[1, 2], [3, 4]])
+    actors = [a for a, _ in pi.gather_async().zip_with_source_actor().take(10)]
+    assert sorted(actors.count(a) for a in pool[:2]) == [2, 2] and len(actors) == 4
+
+
+@ray.remote(num_cpus=0)
+def consume(it: LocalIterator[Any]) -> list[Any]:
+    return it.take(100)
+
+
+@ray.remote(num_cpus=0)
+def consume_shard_in_nested_task(pi: ParallelIterator[Any], i: int) -> list[Any]:
+    return ray.get(consume.remote(pi.get_shard(i)))
+
+
+def test_iterators_are_consumed_in_remote_tasks() -> None:
+    pi = from_range(6, num_shards=2).for_each(lambda x: x * 10)
+    assert sorted(ray.get(consume.remote(pi.gather_async().for_each(lambda x: x + 1)))) == [1, 11, 21, 31, 41, 51]
+    assert ray.get(consume_shard_in_nested_task.remote(pi, 1)) == [30, 40, 50]
+    started = pi.gather_sync()
+    started.take(1)
+    with pytest.raises(TypeError, match="already been pulled"):
+        cloudpickle.dumps(started)
+
+
+def test_select_shards_children_are_disjoint() -> None:
+    pi = from_items([1, 2, 3, 4], num_shards=2)
+    assert pi.select_shards([0]).gather_sync().take(10) == [1, 3]
+    assert pi.select_shards([1]).gather_sync().take(10) == [2, 4]
+    for bad in ([], [2], [0, 0], [-1]):
+        with pytest.raises(ValueError, match="select_shards"):
+            pi.select_shards(bad)
+    with pytest.raises(ValueError, match="union"):
+        pi.union(from_items([5])).select_shards([0])
+
+
+def test_repartition() -> None:
+    source = from_range(8, 2)
+    part = source.repartition(3)
+    assert part.num_shards() == 3
+    assert sorted(part.get_shard(0).take(100)) == [0, 3, 4, 7]
+    membership = [sorted(s.take(100)) for s in from_range(8, 2).repartition(3).shards()]
+    assert membership == [[0, 3, 4, 7], [1, 5], [2, 6]]
+    assert [sorted(s.take(100)) for s in from_range(8, 2).repartition(3).shards()] == membership
+    chained = from_range(8, 2).repartition(3).for_each(lambda x: -x)
+    assert sorted(chained.gather_async().take(100)) == sorted(-x for x in range(8))
+    both = from_range(4, 2).repartition(2).union(from_range(4, 2).repartition(2))
+    assert both.num_shards() == 4
+    assert sorted(both.gather_sync().take(100)) == sorted(list(range(4)) * 2)
+
+
+def test_local_shuffle_keeps_membership_and_is_seeded() -> None:
+    pi = from_range(40, num_shards=2)
+    assert [s.take(100) for s in pi.local_shuffle(1).shards()] == [list(range(20)), list(range(20, 40))]
+    a = [s.take(100) for s in pi.local_shuffle(5, seed=7).shards()]
+    assert [sorted(x) for x in a] == [list(range(20)), list(range(20, 40))] and a[0] != list(range(20))
+    assert [s.take(100) for s in pi.local_shuffle(5, seed=7).shards()] == a
+
+
+# -- errors at build time (item 24) ----------------------------------------------------------------
+
+class Op:
+    def __call__(self, x: Any) -> Any:
+        return x
+
+
+def test_parallel_iterator_misuse_is_caught_when_attached() -> None:
+    pi = from_items([1, 2])
+    with pytest.raises(TypeError, match=r"call .gather_sync\(\) or .gather_async\(\)"):
+        iter(pi)
+    with pytest.raises(TypeError, match="ParallelIterator"):
+        pi.union(from_items([3]).gather_sync())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="LocalIterator"):
+        from_items([3]).gather_sync().union(pi)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"pass an instance: Op\(...\), not Op"):
+        pi.for_each(Op)
+    assert pi.for_each(str).gather_sync().take(2) == ["1", "2"]
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pi.for_each(lambda x: lock and x)
+    with pytest.raises(ValueError):
+        pi.batch(0)
+
+
+# -- repeat, empty sets, restarts, generations (items 25–28) ----------------------------------------
+
+def test_repeat_cycles_and_rejects_bare_iterators() -> None:
+    assert from_items([1, 2, 3, 4], repeat=True).take(8) == [1, 2, 3, 4, 1, 2, 3, 4]
+    assert from_iterators([[1, 2]], repeat=True).gather_sync().take(5) == [1, 2, 1, 2, 1]
+    with pytest.raises(ValueError, match="bare iterator"):
+        from_iterators([iter([1, 2])], repeat=True)
+
+
+def test_empty_actor_sets_and_exhausted_shards_end_cleanly(caplog: pytest.LogCaptureFixture) -> None:
+    empty = from_actors([])
+    assert empty.gather_sync().take(5) == []
+    assert empty.gather_async(num_async=3).take(5) == []
+    assert empty.batch_across_shards().take(5) == []
+    with caplog.at_level(logging.DEBUG, logger="flowrl"):
+        assert sorted(from_range(5, 2).gather_async(num_async=2).take(100)) == list(range(5))
+        assert from_range(5, 2).gather_sync().take(100) == [0, 2, 1, 3, 4]
+    assert not caplog.records
+
+
+def test_regather_restarts_lists_and_continues_generators() -> None:
+    listed = from_items([1, 2, 3, 4], num_shards=2)
+    assert listed.take(2) == [1, 2]
+    assert listed.take(2) == [1, 2]
+    generated = from_iterators([lambda: iter(range(10))])
+    assert generated.take(2) == [0, 1]
+    assert generated.take(2) == [2, 3]
+
+
+def test_a_superseded_gather_raises_and_sequential_regathers_work() -> None:
+    pi = from_range(10, 2)
+    first = pi.gather_sync()
+    assert first.take(2) == [0, 5]
+    second = pi.gather_async()
+    assert len(second.take(2)) == 2
+    with pytest.raises(RuntimeError, match="re-initialised by another gather"):
+        first.take(1)
+    assert pi.gather_sync().take(4) == [0, 5, 1, 6]
+    g = pi.gather_sync()
+    siblings = g.for_each(str), g.for_each(repr)
+    siblings[0].take(1)
+    siblings[1].take(1)
+    with pytest.raises(RuntimeError, match="re-initialised"):
+        siblings[0].take(3)  # its buffered round is used up, and the next round is refused
+
+
+def test_errors_in_shards_propagate_as_ray_errors_with_the_original_cause() -> None:
+    def fail(x: int) -> int:
+        raise KeyError(f"bad {x}")
+
+    with pytest.raises(KeyError) as info:
+        from_range(2, 1).for_each(fail).gather_sync().take(1)
+    assert isinstance(info.value, ray.exceptions.RayTaskError)
+
+
+def test_duplicate_children_restore_the_producing_actor(pool: list[Any]) -> None:
+    pi = programmed(pool, [[(0, x) for x in range(3)], [(1, x) for x in range(3)]])
+    a, b = pi.gather_async(num_async=2).duplicate(2)
+    out = a.zip_with_source_actor().union(b.zip_with_source_actor()).take(100)
+    assert len(out) == 12
+    assert all(actor == pool[shard] for actor, (shard, _) in out)
+
+
+def test_transform_over_a_barrier_source_sees_real_items_only() -> None:
+    seen: list[Any] = []
+
+    def pairs(xs: Any) -> Iterator[tuple[Any, Any]]:
+        it = iter(xs)
+        for x in it:
+            seen.append(x)
+            yield x, next(it, None)
+
+    out = from_range(4).batch_across_shards().transform(pairs).take(10)
+    assert out == [([0, 2], [1, 3])]
+    assert seen == [[0, 2]]
