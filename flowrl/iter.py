@@ -403,6 +403,7 @@ class LocalIterator(Generic[T]):
         self._cell = cell if cell is not None else _Cell()
         self._has_duplicate = has_duplicate
         self._chain: _Puller | None = None
+        self._consumed_by: LocalIterator[Any] | None = None
 
     # -- sources --------------------------------------------------------------------------------
     @staticmethod
@@ -439,6 +440,9 @@ class LocalIterator(Generic[T]):
 
     def _pull(self, block: bool) -> Any:
         if self._chain is None:
+            if self._consumed_by is not None:
+                raise RuntimeError(f"{self!r} is an input of {self._consumed_by!r}, which consumes it; "
+                                   f"pull the union, or duplicate() the stream to read it twice")
             self._chain = self._build()
         return self._chain.pull(block)
 
@@ -614,8 +618,11 @@ class LocalIterator(Generic[T]):
         quotas = _union_quotas(len(inputs), deterministic, round_robin_weights)
         _merge([it._cell for it in inputs])
         name = "LocalUnion[" + ", ".join(repr(it) for it in inputs) + "]"
-        return LocalIterator(lambda ctx: _Union([it._build() for it in inputs], quotas), name,
-                             cell=self._cell, has_duplicate=any(it._has_duplicate for it in inputs))
+        union: LocalIterator[T] = LocalIterator(lambda ctx: _Union([it._build() for it in inputs], quotas), name,
+                                                cell=self._cell, has_duplicate=any(it._has_duplicate for it in inputs))
+        for it in inputs:
+            it._consumed_by = union
+        return union
 
 
 def _union_quotas(n: int, deterministic: bool,

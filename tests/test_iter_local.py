@@ -173,6 +173,14 @@ def test_invalid_round_robin_weights_raise(weights: Any) -> None:
         iter_list([1]).union(iter_list([2]), round_robin_weights=weights)
 
 
+def test_pulling_a_union_input_directly_is_an_error() -> None:
+    a = iter_list([1, 2])
+    u = a.union(iter_list([3]))
+    with pytest.raises(RuntimeError, match="consumes it"):
+        next(a)
+    assert u.take(3) == [1, 3, 2]
+
+
 def test_union_argument_errors() -> None:
     a = iter_list([1])
     with pytest.raises(ValueError, match="at least one"):
