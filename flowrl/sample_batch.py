@@ -1,0 +1,238 @@
+"""Columnar experience batches: :class:`SampleBatch` and :class:`MultiAgentBatch` (SEMANTICS.md §3.0).
+
+A ``SampleBatch`` is a dict of equal-length numpy columns, one row per env step (or agent step).
+A ``MultiAgentBatch`` maps policy ids to SampleBatches and carries the env-step count.
+
+Examples:
+    >>> b = SampleBatch({OBS: np.zeros((4, 2)), REWARDS: np.arange(4.0)})
+    >>> b.count, b[1:3][REWARDS].tolist()
+    (4, [1.0, 2.0])
+    >>> SampleBatch.concat([b, b]).count
+    8
+    >>> [mb.count for mb in b.minibatches(3)]
+    [3, 1]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping, Sequence, Union
+
+import numpy as np
+
+__all__ = [
+    "SampleBatch", "MultiAgentBatch", "AnyBatch", "DEFAULT_POLICY_ID",
+    "OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "LOGP", "ACTION_DIST_INPUTS",
+    "VF_PREDS", "ADVANTAGES", "VALUE_TARGETS", "RETURNS", "EPS_ID", "ENV_ID", "AGENT_INDEX", "T",
+    "WEIGHTS", "BATCH_INDEXES", "PRIORITIES", "TD_ERROR",
+]
+
+DEFAULT_POLICY_ID = "default_policy"
+
+# Standard column names.
+OBS = "obs"
+NEXT_OBS = "new_obs"
+ACTIONS = "actions"
+REWARDS = "rewards"
+TERMINATEDS = "terminateds"
+TRUNCATEDS = "truncateds"
+LOGP = "logp"
+ACTION_DIST_INPUTS = "action_dist_inputs"
+VF_PREDS = "vf_preds"
+ADVANTAGES = "advantages"
+VALUE_TARGETS = "value_targets"
+RETURNS = "returns"
+EPS_ID = "eps_id"
+ENV_ID = "env_id"
+AGENT_INDEX = "agent_index"
+T = "t"
+WEIGHTS = "weights"
+BATCH_INDEXES = "batch_indexes"
+PRIORITIES = "priorities"
+TD_ERROR = "td_error"
+
+
+def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+class SampleBatch(dict[str, np.ndarray]):
+    """A dict of equal-length numpy columns.
+
+    Args:
+        columns: column name to array-like; every column must have the same first dimension.
+
+    Raises:
+        ValueError: columns of different lengths, or a scalar column.
+    """
+
+    def __init__(self, columns: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        for key, value in {**(columns or {}), **kwargs}.items():
+            self[key] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        array = np.asarray(value)
+        if array.ndim == 0:
+            raise ValueError(f"SampleBatch column {key!r} is a scalar; columns need one row per step")
+        for other, column in self.items():
+            if other != key and len(column) != len(array):
+                raise ValueError(f"SampleBatch column {key!r} has {len(array)} rows but column {other!r} has "
+                                 f"{len(column)}; every column needs one row per step")
+            break
+        super().__setitem__(key, array)
+
+    def __getitem__(self, key: Any) -> Any:  # a slice selects rows
+        if isinstance(key, slice):
+            return SampleBatch({k: v[key] for k, v in self.items()})
+        return super().__getitem__(key)
+
+    @property
+    def count(self) -> int:
+        """The number of rows (env steps)."""
+        for column in self.values():
+            return len(column)
+        return 0
+
+    def agent_steps(self) -> int:
+        """Equal to :attr:`count` for a single-agent batch."""
+        return self.count
+
+    def env_steps(self) -> int:
+        return self.count
+
+    def copy(self) -> SampleBatch:
+        """A deep copy of every column."""
+        return SampleBatch({k: v.copy() for k, v in self.items()})
+
+    def rows(self, indices: np.ndarray | Sequence[int]) -> SampleBatch:
+        """The rows at ``indices``, in that order."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return SampleBatch({k: v[idx] for k, v in self.items()})
+
+    def shuffle(self, seed: int | np.random.Generator | None = None) -> SampleBatch:
+        """A new batch with the rows permuted (the same permutation for every column)."""
+        return self.rows(_rng(seed).permutation(self.count))
+
+    def minibatches(self, size: int, seed: int | np.random.Generator | None = None,
+                    shuffle: bool = False) -> Iterator[SampleBatch]:
+        """Consecutive slices of ``size`` rows (the last may be shorter); optionally shuffled first."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"minibatch size={size!r} must be an int >= 1")
+        batch = self.shuffle(seed) if shuffle else self
+        for start in range(0, self.count, size):
+            yield batch[start:start + size]
+
+    def split_by_episode(self) -> list[SampleBatch]:
+        """Runs of consecutive rows with the same ``eps_id`` (the whole batch if there is no such column)."""
+        if EPS_ID not in self:
+            return [self] if self.count else []
+        ids = self[EPS_ID]
+        cuts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), self.count]
+        return [self[a:b] for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+    def as_multi_agent(self) -> MultiAgentBatch:
+        """This batch as the default policy's part of a MultiAgentBatch."""
+        return MultiAgentBatch({DEFAULT_POLICY_ID: self}, self.count)
+
+    @staticmethod
+    def concat(batches: Sequence[SampleBatch]) -> SampleBatch:
+        """Joins batches row-wise; all must have the same columns.
+
+        Raises:
+            ValueError: an empty list, or batches whose columns differ.
+        """
+        batches = [b for b in batches if b.count > 0] or list(batches[:1])
+        if not batches:
+            raise ValueError("SampleBatch.concat() needs at least one batch")
+        keys = set(batches[0])
+        for b in batches[1:]:
+            if set(b) != keys:
+                raise ValueError(f"SampleBatch.concat(): column sets differ: {sorted(keys)} vs {sorted(b)}")
+        return SampleBatch({k: np.concatenate([b[k] for b in batches]) for k in batches[0]})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SampleBatch):
+            return NotImplemented
+        return _batches_equal(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # mutable container
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.items())
+        return f"SampleBatch({self.count}: {cols})"
+
+
+class MultiAgentBatch:
+    """Per-policy SampleBatches plus the number of env steps they came from.
+
+    Examples:
+        >>> a = SampleBatch({REWARDS: [1.0, 2.0]})
+        >>> mb = MultiAgentBatch({"p0": a, "p1": a[0:1]}, env_steps=2)
+        >>> mb.count, mb.agent_steps()
+        (2, 3)
+        >>> MultiAgentBatch.concat([mb, mb]).policy_batches["p1"].count
+        2
+    """
+
+    def __init__(self, policy_batches: Mapping[str, SampleBatch], env_steps: int) -> None:
+        if not isinstance(env_steps, (int, np.integer)) or env_steps < 0:
+            raise ValueError(f"MultiAgentBatch env_steps={env_steps!r} must be an int >= 0")
+        for pid, b in policy_batches.items():
+            if not isinstance(b, SampleBatch):
+                raise ValueError(f"MultiAgentBatch policy {pid!r} holds {type(b).__name__}; pass SampleBatches")
+        self.policy_batches: dict[str, SampleBatch] = dict(policy_batches)
+        self.env_steps_count = int(env_steps)
+
+    @property
+    def count(self) -> int:
+        """The number of env steps."""
+        return self.env_steps_count
+
+    def env_steps(self) -> int:
+        return self.env_steps_count
+
+    def agent_steps(self) -> int:
+        """The sum of the policy batches' rows."""
+        return sum(b.count for b in self.policy_batches.values())
+
+    def copy(self) -> MultiAgentBatch:
+        return MultiAgentBatch({p: b.copy() for p, b in self.policy_batches.items()}, self.env_steps_count)
+
+    def as_multi_agent(self) -> MultiAgentBatch:
+        return self
+
+    @staticmethod
+    def concat(batches: Sequence[MultiAgentBatch]) -> MultiAgentBatch:
+        """Joins per policy and adds the env steps."""
+        if not batches:
+            raise ValueError("MultiAgentBatch.concat() needs at least one batch")
+        per_policy: dict[str, list[SampleBatch]] = {}
+        for b in batches:
+            for pid, pb in b.policy_batches.items():
+                per_policy.setdefault(pid, []).append(pb)
+        return MultiAgentBatch({p: SampleBatch.concat(bs) for p, bs in per_policy.items()},
+                               sum(b.count for b in batches))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MultiAgentBatch):
+            return NotImplemented
+        return self.env_steps_count == other.env_steps_count and self.policy_batches.keys() == \
+            other.policy_batches.keys() and all(
+                _batches_equal(b, other.policy_batches[p]) for p, b in self.policy_batches.items())
+
+    __hash__ = None  # type: ignore[assignment]  # mutable container
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{p}: {b.count}" for p, b in self.policy_batches.items())
+        return f"MultiAgentBatch(env_steps={self.count}, {{{parts}}})"
+
+
+AnyBatch = Union[SampleBatch, MultiAgentBatch]
+
+
+def _batches_equal(a: SampleBatch, b: SampleBatch) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
