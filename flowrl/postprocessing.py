@@ -1,0 +1,122 @@
+"""Trajectory postprocessing as plain numpy: Generalized Advantage Estimation and n-step returns.
+
+Bootstrapping follows gymnasium's two ways for an episode to stop: a *terminated* transition (a
+terminal state) has no future value; a *truncated* one (a time limit) and a fragment that was cut
+mid-episode bootstrap from the value of the next observation.
+
+Examples:
+    >>> adv, targets = compute_gae(rewards=np.array([1.0, 1.0]), values=np.array([0.5, 0.5]),
+    ...                            next_values=np.array([0.5, 9.0]), terminateds=np.array([False, True]),
+    ...                            truncateds=np.array([False, False]), gamma=1.0, lambda_=1.0)
+    >>> adv.tolist(), targets.tolist()
+    ([1.5, 0.5], [2.0, 1.0])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["compute_gae", "discounted_returns", "compute_nstep"]
+
+
+def _check_discount(gamma: float, lambda_: float = 1.0) -> None:
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma={gamma} must be in [0, 1]")
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"lambda_={lambda_} must be in [0, 1]")
+
+
+def compute_gae(*, rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminateds: np.ndarray,
+                truncateds: np.ndarray, gamma: float, lambda_: float) -> tuple[np.ndarray, np.ndarray]:
+    """GAE(gamma, lambda) over one env's time-ordered steps, which may span several episodes.
+
+    Args:
+        rewards: ``r_t``, shape [T].
+        values: ``V(s_t)``, shape [T].
+        next_values: ``V(s'_t)`` of each transition's next observation, shape [T]; read only where
+            the episode did not terminate.
+        terminateds: True where ``s'_t`` is terminal (no bootstrap).
+        truncateds: True where the episode was cut by a time limit (bootstrap, then stop the recursion).
+        gamma: discount. lambda_: GAE's bias-variance trade-off.
+
+    Returns:
+        ``(advantages, value_targets)``, float32 [T]; ``value_targets = advantages + values``.
+    """
+    _check_discount(gamma, lambda_)
+    rewards, values, next_values = (np.asarray(x, dtype=np.float64) for x in (rewards, values, next_values))
+    terminated, boundary = np.asarray(terminateds, bool), np.asarray(terminateds, bool) | np.asarray(truncateds, bool)
+    deltas = rewards + gamma * np.where(terminated, 0.0, next_values) - values
+    advantages = np.empty_like(deltas)
+    running = 0.0
+    for t in range(len(deltas) - 1, -1, -1):
+        running = deltas[t] + (0.0 if boundary[t] else gamma * lambda_ * running)
+        advantages[t] = running
+    return advantages.astype(np.float32), (advantages + values).astype(np.float32)
+
+
+def discounted_returns(*, rewards: np.ndarray, terminateds: np.ndarray, truncateds: np.ndarray,
+                       gamma: float, bootstrap: np.ndarray | None = None) -> np.ndarray:
+    """Discounted reward-to-go per step, restarting at episode boundaries.
+
+    Args:
+        bootstrap: optional ``V(s'_t)`` per step, added (discounted) where a non-terminal boundary or
+            the end of the data cuts an episode; ``None`` treats every cut as zero-valued (REINFORCE).
+
+    Examples:
+        >>> discounted_returns(rewards=np.ones(3), terminateds=np.array([0, 0, 1], bool),
+        ...                    truncateds=np.zeros(3, bool), gamma=0.5).tolist()
+        [1.75, 1.5, 1.0]
+    """
+    _check_discount(gamma)
+    rewards = np.asarray(rewards, dtype=np.float64)
+    terminated = np.asarray(terminateds, bool)
+    boundary = terminated | np.asarray(truncateds, bool)
+    out = np.empty_like(rewards)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        cut = boundary[t] or t == len(rewards) - 1
+        tail = (0.0 if terminated[t] or bootstrap is None else float(bootstrap[t])) if cut else running
+        running = rewards[t] + gamma * tail
+        out[t] = running
+    return out.astype(np.float32)
+
+
+def compute_nstep(*, rewards: np.ndarray, terminateds: np.ndarray, truncateds: np.ndarray, n: int,
+                  gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """n-step returns over one env's time-ordered steps; windows stop at episode ends and at the data's end.
+
+    For each step ``t`` with window length ``m = min(n, steps to the episode's last step in the data)``:
+    ``R_t = sum_{k<m} gamma^k r_{t+k}``; the bootstrap observation is ``new_obs[t+m-1]``, whose value
+    counts with ``gamma^m`` unless that transition terminated.
+
+    Returns:
+        ``(returns, next_index, terminateds, discounts)``: float32 [T], int64 [T] (row holding the
+        bootstrap ``new_obs``), bool [T] (no bootstrap), float32 [T] (``gamma^m``, 0 where terminated).
+
+    Examples:
+        >>> r, idx, term, disc = compute_nstep(rewards=np.ones(3), terminateds=np.array([0, 0, 1], bool),
+        ...                                    truncateds=np.zeros(3, bool), n=2, gamma=0.5)
+        >>> r.tolist(), idx.tolist(), term.tolist(), disc.tolist()
+        ([1.5, 1.5, 1.0], [1, 2, 2], [False, True, True], [0.25, 0.0, 0.0])
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} must be an int >= 1 (1 is the one-step return)")
+    _check_discount(gamma)
+    rewards = np.asarray(rewards, dtype=np.float64)
+    terminated = np.asarray(terminateds, bool)
+    boundary = terminated | np.asarray(truncateds, bool)
+    size = len(rewards)
+    returns = np.zeros(size)
+    next_index = np.arange(size, dtype=np.int64)
+    done = np.zeros(size, dtype=bool)
+    discounts = np.zeros(size)
+    for t in range(size):
+        total, k = 0.0, 0
+        while True:
+            total += gamma ** k * rewards[t + k]
+            if k + 1 == n or boundary[t + k] or t + k + 1 == size:
+                break
+            k += 1
+        returns[t], next_index[t], done[t] = total, t + k, terminated[t + k]
+        discounts[t] = 0.0 if done[t] else gamma ** (k + 1)
+    return returns.astype(np.float32), next_index, done, discounts.astype(np.float32)
