@@ -1,0 +1,238 @@
+"""Torch models and action distributions for flowrl policies.
+
+:func:`make_model` builds an actor-critic network for a gymnasium observation space (an MLP for
+vector observations, a small CNN for images) and :func:`dist_class_for` picks the action
+distribution (categorical for ``Discrete``, diagonal Gaussian for ``Box``).
+
+Examples:
+    >>> import gymnasium as gym
+    >>> model = make_model(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), ModelConfig(hidden_sizes=(8,)))
+    >>> logits, values = model(torch.zeros(3, 4))
+    >>> tuple(logits.shape), tuple(values.shape)
+    ((3, 2), (3,))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
+           "DiagGaussian", "dist_class_for"]
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The network of a policy.
+
+    Attributes:
+        hidden_sizes: widths of the fully connected layers (after the CNN for images).
+        activation: ``"tanh"``, ``"relu"`` or ``"elu"``.
+        vf_share_layers: one trunk for policy and value (True) or a separate value network (False).
+        conv_filters: ``(out_channels, kernel, stride)`` per conv layer, for image observations.
+        free_log_std: Gaussian log-std as a state-independent parameter (True) or a network output.
+    """
+
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: Literal["tanh", "relu", "elu"] = "tanh"
+    vf_share_layers: bool = False
+    conv_filters: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
+    free_log_std: bool = True
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(h, int) and h > 0 for h in self.hidden_sizes):
+            raise ValueError(f"ModelConfig.hidden_sizes={self.hidden_sizes!r} must be positive ints, e.g. (64, 64)")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"ModelConfig.activation={self.activation!r}; use one of {sorted(_ACTIVATIONS)}")
+        for f in self.conv_filters:
+            if len(f) != 3 or not all(isinstance(x, int) and x > 0 for x in f):
+                raise ValueError(f"ModelConfig.conv_filters entry {f!r} must be (out_channels, kernel, stride)")
+
+
+def _mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), activation()]
+    return nn.Sequential(*layers)
+
+
+def _init_linear(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class _ConvEncoder(nn.Module):
+    """HWC images (uint8 0..255 or float) to a flat feature vector."""
+
+    def __init__(self, shape: tuple[int, ...], filters: tuple[tuple[int, int, int], ...],
+                 activation: type[nn.Module], scale: float) -> None:
+        super().__init__()
+        height, width, channels = shape
+        layers: list[nn.Module] = []
+        for out, kernel, stride in filters:
+            layers += [nn.Conv2d(channels, out, kernel, stride), activation()]
+            channels = out
+            height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+            if height < 1 or width < 1:
+                raise ValueError(f"ModelConfig.conv_filters={filters} shrink an image of shape {shape} to "
+                                 f"nothing; use smaller kernels/strides for this observation size")
+        self.net = nn.Sequential(*layers, nn.Flatten())
+        self.out_size, self.scale = channels * height * width, scale
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs.float().permute(0, 3, 1, 2) / self.scale)  # type: ignore[no-any-return]
+
+
+class ActorCriticModel(nn.Module):
+    """``forward(obs) -> (action_dist_inputs [B, A], values [B])``."""
+
+    def __init__(self, obs_space: gym.spaces.Box, num_outputs: int, config: ModelConfig,
+                 extra_free_params: int = 0) -> None:
+        super().__init__()
+        act = _ACTIVATIONS[config.activation]
+        shape = tuple(obs_space.shape)
+        self.encoder: nn.Module
+        if len(shape) == 3:
+            scale = 255.0 if obs_space.dtype == np.uint8 else 1.0
+            conv = _ConvEncoder(shape, config.conv_filters, nn.ReLU, scale)
+            self.encoder, in_size = conv, conv.out_size
+        else:
+            self.encoder, in_size = nn.Flatten(), int(np.prod(shape))
+        sizes = [in_size, *config.hidden_sizes]
+        self.pi_trunk = _mlp(sizes, act)
+        self.vf_trunk = None if config.vf_share_layers else _mlp(sizes, act)
+        self.pi_head = _init_linear(nn.Linear(sizes[-1], num_outputs), 0.01)
+        self.vf_head = _init_linear(nn.Linear(sizes[-1], 1), 1.0)
+        self.free_params = nn.Parameter(torch.zeros(extra_free_params)) if extra_free_params else None
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.encoder(obs.float() if obs.dtype != torch.uint8 else obs)
+        pi_features = self.pi_trunk(features)
+        vf_features = pi_features if self.vf_trunk is None else self.vf_trunk(features)
+        dist_inputs = self.pi_head(pi_features)
+        if self.free_params is not None:
+            dist_inputs = torch.cat([dist_inputs, self.free_params.expand(len(dist_inputs), -1)], dim=-1)
+        return dist_inputs, self.vf_head(vf_features).squeeze(-1)
+
+
+class ActionDistribution:
+    """A batch of action distributions built from the model's ``dist_inputs``."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        self.inputs = inputs
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def deterministic_sample(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def entropy(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Categorical(ActionDistribution):
+    """Categorical over logits; sampling is one Gumbel-max over the whole batch.
+
+    Examples:
+        >>> d = Categorical(torch.tensor([[0.0, 100.0], [100.0, 0.0]]))
+        >>> d.sample(torch.Generator().manual_seed(0)).tolist()
+        [1, 0]
+    """
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.log_probs = torch.log_softmax(inputs, dim=-1)
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        u = torch.rand(self.inputs.shape, generator=generator, device=self.inputs.device)
+        return torch.argmax(self.log_probs - torch.log(-torch.log(u.clamp_min(1e-20))), dim=-1)
+
+    def deterministic_sample(self) -> torch.Tensor:
+        return torch.argmax(self.inputs, dim=-1)
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        return self.log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return -(self.log_probs.exp() * self.log_probs).sum(-1)
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        if not isinstance(other, Categorical):
+            raise TypeError(f"KL between Categorical and {type(other).__name__} is undefined")
+        return (self.log_probs.exp() * (self.log_probs - other.log_probs)).sum(-1)
+
+
+class DiagGaussian(ActionDistribution):
+    """Diagonal Gaussian; ``inputs = [mean, log_std]`` along the last axis."""
+
+    def __init__(self, inputs: torch.Tensor) -> None:
+        super().__init__(inputs)
+        self.mean, self.log_std = torch.chunk(inputs, 2, dim=-1)
+        self.std = self.log_std.exp()
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        noise = torch.randn(self.mean.shape, generator=generator, device=self.mean.device)
+        return self.mean + self.std * noise
+
+    def deterministic_sample(self) -> torch.Tensor:
+        return self.mean
+
+    def logp(self, actions: torch.Tensor) -> torch.Tensor:
+        z = (actions - self.mean) / self.std
+        return (-0.5 * z.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return (self.log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+    def kl(self, other: ActionDistribution) -> torch.Tensor:
+        if not isinstance(other, DiagGaussian):
+            raise TypeError(f"KL between DiagGaussian and {type(other).__name__} is undefined")
+        return (other.log_std - self.log_std + (self.std.pow(2) + (self.mean - other.mean).pow(2))
+                / (2 * other.std.pow(2)) - 0.5).sum(-1)
+
+
+def dist_class_for(action_space: gym.Space[object]) -> tuple[type[ActionDistribution], int]:
+    """The distribution class for ``action_space`` and the number of model outputs it needs.
+
+    Raises:
+        ValueError: an action space other than ``Discrete`` or a 1-D ``Box``.
+    """
+    if isinstance(action_space, gym.spaces.Discrete):
+        return Categorical, int(action_space.n)
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return DiagGaussian, 2 * int(action_space.shape[0])
+    raise ValueError(f"action space {action_space} is not supported; flowrl's models handle Discrete and "
+                     f"1-D Box action spaces (flatten or wrap the env's action space)")
+
+
+def make_model(obs_space: gym.Space[object], action_space: gym.Space[object], config: ModelConfig) -> ActorCriticModel:
+    """An actor-critic model for a Box observation space: 1-D (or flattened) via MLP, HWC images via CNN.
+
+    Raises:
+        ValueError: an observation space that is not a Box (e.g. Dict, Discrete), or an unsupported action space.
+    """
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 2, 3):
+        raise ValueError(f"observation space {obs_space} is not supported; flowrl's models take a Box with 1 "
+                         f"(vector), 2 (flattened) or 3 (HWC image) dimensions; wrap the env, e.g. with "
+                         f"gymnasium.wrappers.FlattenObservation")
+    dist_class, num_outputs = dist_class_for(action_space)
+    if dist_class is DiagGaussian and config.free_log_std:
+        half = num_outputs // 2
+        return ActorCriticModel(obs_space, half, config, extra_free_params=half)
+    return ActorCriticModel(obs_space, num_outputs, config)

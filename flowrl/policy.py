@@ -1,0 +1,238 @@
+"""The torch Policy: the numerical part of an algorithm (model, acting, postprocessing, loss, optimizer).
+
+An algorithm subclasses :class:`Policy` and overrides :meth:`Policy.loss` (and usually
+:meth:`Policy.postprocess_trajectory`). Everything that crosses a process boundary — weights,
+gradients, state — is numpy on the CPU; the model itself lives on ``config.device``.
+
+Examples:
+    >>> import gymnasium as gym
+    >>> policy = Policy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), PolicyConfig(seed=0))
+    >>> actions, extra = policy.compute_actions(np.zeros((3, 4), np.float32))
+    >>> actions.shape, sorted(extra)
+    ((3,), ['action_dist_inputs', 'logp', 'vf_preds'])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.models import ActionDistribution, ModelConfig, dist_class_for, make_model
+from flowrl.sample_batch import ACTION_DIST_INPUTS, LOGP, VF_PREDS, SampleBatch
+
+__all__ = ["PolicyConfig", "Policy", "TensorBatch"]
+
+TensorBatch = dict[str, torch.Tensor]
+Weights = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    """Settings every policy has; algorithm configs extend it.
+
+    Attributes:
+        model: the network (:class:`flowrl.models.ModelConfig`).
+        lr: Adam learning rate.
+        grad_clip: max global gradient norm, or ``None`` for no clipping.
+        gamma: discount factor.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` for the model and the learner.
+        seed: seeds model initialisation, action sampling and minibatch order; ``None`` is random.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lr: float = 5e-4
+    grad_clip: float | None = None
+    gamma: float = 0.99
+    device: str = "cpu"
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip={self.grad_clip} must be > 0, or None to disable clipping")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma={self.gamma} must be in [0, 1]")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device={self.device!r}; use 'cpu', 'cuda' or 'cuda:N'")
+
+
+def _check_device(device: str) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0 or (dev.index or 0) >= count:
+            raise ValueError(f"device={device!r} but torch sees {count} CUDA device(s); use device='cpu' "
+                             f"or run where a GPU is visible")
+    return dev
+
+
+def _to_numpy_tree(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy().copy()  # state_dict() tensors are live: never alias them
+    if isinstance(value, Mapping):
+        return {k: _to_numpy_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_numpy_tree(v) for v in value]
+    return value
+
+
+def _to_torch_tree(value: Any) -> Any:
+    """numpy arrays back to CPU tensors; ``Optimizer.load_state_dict`` moves them to the params' device."""
+    if isinstance(value, np.ndarray):
+        return torch.as_tensor(value)
+    if isinstance(value, Mapping):
+        return {k: _to_torch_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_torch_tree(v) for v in value]
+    return value
+
+
+class Policy:
+    """A torch actor-critic policy with acting, learning and state hooks.
+
+    Args:
+        observation_space: the (single-env) observation space.
+        action_space: the action space.
+        config: :class:`PolicyConfig` or an algorithm config that extends it.
+
+    Subclasses override :meth:`loss` and may override :meth:`postprocess_trajectory`,
+    :meth:`update_target` and :meth:`update_kl`.
+    """
+
+    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
+        self.observation_space, self.action_space, self.config = observation_space, action_space, config
+        self.device = _check_device(config.device)
+        self.dist_class, _ = dist_class_for(action_space)
+        with torch.random.fork_rng(devices=[]):
+            if config.seed is not None:
+                torch.manual_seed(config.seed)
+            self.model = make_model(observation_space, action_space, config.model).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(config.seed if config.seed is not None else int(torch.seed() % 2**63))
+        self.np_random = np.random.default_rng(config.seed)  # minibatch order and other numpy draws
+        self.global_timestep = 0
+
+    # -- acting -----------------------------------------------------------------------------------
+    def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(obs, device=self.device)
+
+    @torch.no_grad()
+    def compute_actions(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions for a batch of observations ``[B, ...]``, in one forward pass and one sampling call.
+
+        Returns:
+            ``(actions [B, ...], extras)`` with ``logp``, ``vf_preds`` and ``action_dist_inputs`` per row.
+        """
+        dist_inputs, values = self.model(self._obs_tensor(obs))
+        dist = self.dist_class(dist_inputs)
+        actions = dist.sample(self.generator) if explore else dist.deterministic_sample()
+        extras = {LOGP: dist.logp(actions).cpu().numpy(), VF_PREDS: values.cpu().numpy(),
+                  ACTION_DIST_INPUTS: dist_inputs.cpu().numpy()}
+        return actions.cpu().numpy(), extras
+
+    @torch.no_grad()
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """``V(obs)`` for a batch of observations."""
+        return self.model(self._obs_tensor(obs))[1].cpu().numpy()  # type: ignore[no-any-return]
+
+    def action_distribution(self, dist_inputs: torch.Tensor) -> ActionDistribution:
+        return self.dist_class(dist_inputs)
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        """Called by the rollout worker on each trajectory piece (one env, one episode); identity here."""
+        return batch
+
+    def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The training loss on a batch of tensors and its stats; algorithms override this."""
+        raise NotImplementedError(f"{type(self).__name__} defines no loss(); subclass Policy and override "
+                                  f"loss(batch) -> (loss, stats), as the algorithms in flowrl.algorithms do")
+
+    def update_target(self) -> None:
+        """Copies the online network into the target network (target-network policies override)."""
+        raise NotImplementedError(f"{type(self).__name__} has no target network")
+
+    def update_kl(self, sampled_kl: float) -> None:
+        """Adapts a KL coefficient (KL-penalised policies override)."""
+        raise NotImplementedError(f"{type(self).__name__} has no KL coefficient")
+
+    # -- learning ---------------------------------------------------------------------------------
+    def to_tensors(self, batch: SampleBatch) -> TensorBatch:
+        """The batch's numeric columns as tensors on the policy's device (other columns are skipped)."""
+        return {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()
+                if v.dtype.kind in "biuf"}
+
+    def _backward(self, tensors: TensorBatch) -> dict[str, float]:
+        self.model.train()
+        loss, stats = self.loss(tensors)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+        if self.config.grad_clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+            stats["grad_gnorm"] = float(norm)
+        return {"loss": float(loss.detach()), **stats}
+
+    def learn_on_tensors(self, tensors: TensorBatch) -> dict[str, Any]:
+        """One optimizer step on already-converted tensors; returns ``{"learner_stats": ...}``."""
+        stats = self._backward(tensors)
+        self.optimizer.step()
+        return {"learner_stats": stats}
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
+        """One optimizer step on ``batch``; returns ``{"learner_stats": {...}}``."""
+        return self.learn_on_tensors(self.to_tensors(batch))
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Gradients of the loss (clipped as configured) as CPU numpy arrays, in parameter order."""
+        stats = self._backward(self.to_tensors(batch))
+        grads = [np.zeros(tuple(p.shape), np.float32) if p.grad is None else p.grad.detach().cpu().numpy()
+                 for p in self.model.parameters()]
+        return grads, {"learner_stats": stats}
+
+    def apply_gradients(self, gradients: list[np.ndarray]) -> None:
+        """Takes one optimizer step with the given gradients (from :meth:`compute_gradients`)."""
+        params = list(self.model.parameters())
+        if len(gradients) != len(params):
+            raise ValueError(f"apply_gradients got {len(gradients)} arrays for {len(params)} parameters; pass "
+                             f"the list compute_gradients returned for the same model")
+        for p, g in zip(params, gradients):
+            p.grad = torch.as_tensor(g, device=self.device).reshape(p.shape)
+        self.optimizer.step()
+
+    # -- weights and state ------------------------------------------------------------------------
+    def get_weights(self) -> Weights:
+        """The model's parameters and buffers as CPU numpy arrays, by name."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Loads weights from :meth:`get_weights` (of a policy with the same model)."""
+        expected = self.model.state_dict()
+        if set(weights) != set(expected):
+            missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+            raise ValueError(f"set_weights: names differ from this model's (missing {missing}, unexpected "
+                             f"{unexpected}); weights must come from a policy with the same ModelConfig and spaces")
+        self.model.load_state_dict({k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in weights.items()})
+
+    def get_state(self) -> dict[str, Any]:
+        """Weights, optimizer state, RNG states and the global timestep, as numpy and plain data."""
+        return {"weights": self.get_weights(), "optimizer": _to_numpy_tree(self.optimizer.state_dict()),
+                "torch_rng": self.generator.get_state().numpy().copy(),
+                "numpy_rng": self.np_random.bit_generator.state, "global_timestep": self.global_timestep}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`get_state` output."""
+        self.set_weights(state["weights"])
+        self.optimizer.load_state_dict(_to_torch_tree(state["optimizer"]))
+        self.generator.set_state(torch.as_tensor(np.asarray(state["torch_rng"], dtype=np.uint8)))
+        self.np_random.bit_generator.state = state["numpy_rng"]
+        self.global_timestep = int(state["global_timestep"])
+
+    def on_global_var_update(self, global_vars: Mapping[str, Any]) -> None:
+        """Receives ``{"timestep": ...}`` with every weight broadcast (schedules read it)."""
+        self.global_timestep = int(global_vars.get("timestep", self.global_timestep))

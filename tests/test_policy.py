@@ -1,0 +1,173 @@
+"""Torch models, action distributions and the Policy base: acting, learning, weights and state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from flowrl.models import Categorical, DiagGaussian, ModelConfig, make_model
+from flowrl.policy import Policy, PolicyConfig, TensorBatch
+from flowrl.sample_batch import ACTIONS, OBS, REWARDS, SampleBatch
+
+BOX4 = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+
+
+class ReinforcePolicy(Policy):
+    """The smallest real loss: -logp(a) * reward."""
+
+    def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        dist_inputs, _ = self.model(batch[OBS])
+        logp = self.action_distribution(dist_inputs).logp(batch[ACTIONS])
+        return -(logp * batch[REWARDS]).mean(), {"mean_logp": float(logp.detach().mean())}
+
+
+def make_policy(action_space: gym.Space[Any] = gym.spaces.Discrete(3), **kwargs: Any) -> ReinforcePolicy:
+    return ReinforcePolicy(BOX4, action_space, PolicyConfig(seed=1, model=ModelConfig(hidden_sizes=(16,)), **kwargs))
+
+
+def batch_for(policy: Policy, n: int = 32, seed: int = 0) -> SampleBatch:
+    obs = np.random.default_rng(seed).uniform(-1, 1, (n, 4)).astype(np.float32)
+    actions, _ = policy.compute_actions(obs)
+    return SampleBatch({OBS: obs, ACTIONS: actions, REWARDS: np.linspace(-1, 1, n, dtype=np.float32)})
+
+
+def test_categorical_matches_torch_distributions() -> None:
+    logits = torch.randn(5, 3)
+    ours, ref = Categorical(logits), torch.distributions.Categorical(logits=logits)
+    actions = torch.tensor([0, 1, 2, 1, 0])
+    torch.testing.assert_close(ours.logp(actions), ref.log_prob(actions))
+    torch.testing.assert_close(ours.entropy(), ref.entropy())
+    other = torch.randn(5, 3)
+    torch.testing.assert_close(ours.kl(Categorical(other)), torch.distributions.kl_divergence(
+        ref, torch.distributions.Categorical(logits=other)))
+    counts = np.bincount(Categorical(torch.tensor([[0.0, np.log(3.0)]]).expand(4000, 2)).sample(
+        torch.Generator().manual_seed(0)).numpy(), minlength=2)
+    assert 0.72 < counts[1] / 4000 < 0.78  # p = 0.75
+
+
+def test_diag_gaussian_matches_torch_distributions() -> None:
+    mean, log_std = torch.randn(6, 2), torch.randn(6, 2) * 0.3
+    ours = DiagGaussian(torch.cat([mean, log_std], -1))
+    ref = torch.distributions.Independent(torch.distributions.Normal(mean, log_std.exp()), 1)
+    x = torch.randn(6, 2)
+    torch.testing.assert_close(ours.logp(x), ref.log_prob(x))
+    torch.testing.assert_close(ours.entropy(), ref.entropy())
+    m2, s2 = torch.randn(6, 2), torch.randn(6, 2) * 0.3
+    ref2 = torch.distributions.Independent(torch.distributions.Normal(m2, s2.exp()), 1)
+    torch.testing.assert_close(ours.kl(DiagGaussian(torch.cat([m2, s2], -1))), torch.distributions.kl_divergence(ref, ref2))
+
+
+def test_models_for_vectors_images_and_continuous_actions() -> None:
+    image = gym.spaces.Box(0, 255, (42, 42, 3), np.uint8)
+    model = make_model(image, gym.spaces.Discrete(4), ModelConfig(hidden_sizes=(32,)))
+    logits, values = model(torch.zeros(2, 42, 42, 3, dtype=torch.uint8))
+    assert logits.shape == (2, 4) and values.shape == (2,)
+    shared = make_model(BOX4, gym.spaces.Box(-1, 1, (2,)), ModelConfig(vf_share_layers=True))
+    inputs, _ = shared(torch.zeros(3, 4))
+    assert inputs.shape == (3, 4) and shared.vf_trunk is None
+    policy = make_policy(gym.spaces.Box(-2, 2, (2,), np.float32))
+    actions, extra = policy.compute_actions(np.zeros((5, 4), np.float32))
+    assert actions.shape == (5, 2) and extra["logp"].shape == (5,)
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Discrete(5), gym.spaces.Dict({"a": BOX4}),
+                                   gym.spaces.Box(0, 1, (1, 2, 3, 4))])
+def test_unsupported_observation_spaces_are_named(space: gym.Space[Any]) -> None:
+    with pytest.raises(ValueError, match="observation space .* is not supported"):
+        make_model(space, gym.spaces.Discrete(2), ModelConfig())
+
+
+def test_unsupported_action_space_and_bad_configs() -> None:
+    with pytest.raises(ValueError, match="action space"):
+        make_model(BOX4, gym.spaces.MultiBinary(3), ModelConfig())
+    with pytest.raises(ValueError, match="hidden_sizes"):
+        ModelConfig(hidden_sizes=(0,))
+    with pytest.raises(ValueError, match="activation"):
+        ModelConfig(activation="gelu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lr"):
+        PolicyConfig(lr=0)
+    with pytest.raises(ValueError, match="conv_filters"):
+        make_model(gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), gym.spaces.Discrete(2), ModelConfig())
+
+
+def test_seeded_policies_act_identically() -> None:
+    obs = np.zeros((64, 4), np.float32)
+    a, b = make_policy(), make_policy()
+    assert np.array_equal(a.compute_actions(obs)[0], b.compute_actions(obs)[0])
+    greedy, _ = a.compute_actions(obs, explore=False)
+    assert len(set(greedy.tolist())) == 1
+
+
+def test_weights_round_trip_and_mismatches_are_named() -> None:
+    a, b = make_policy(), ReinforcePolicy(BOX4, gym.spaces.Discrete(3), PolicyConfig(seed=2, model=ModelConfig(hidden_sizes=(16,))))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.get_weights().values(), b.get_weights().values()))
+    b.set_weights(a.get_weights())
+    for key, value in a.get_weights().items():
+        assert np.array_equal(value, b.get_weights()[key])
+    obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    np.testing.assert_array_equal(a.value(obs), b.value(obs))
+    with pytest.raises(ValueError, match="names differ"):
+        b.set_weights({"nope": np.zeros(1)})
+
+
+def test_learning_changes_weights_and_gradients_path_equals_learn_on_batch() -> None:
+    a, b = make_policy(), make_policy()
+    batch = batch_for(a)
+    before = a.get_weights()
+    info = a.learn_on_batch(batch)
+    assert set(info["learner_stats"]) >= {"loss", "mean_logp"}
+    assert any(not np.array_equal(before[k], v) for k, v in a.get_weights().items())
+    grads, _ = b.compute_gradients(batch)
+    b.apply_gradients(grads)
+    for key, value in a.get_weights().items():
+        np.testing.assert_allclose(value, b.get_weights()[key], rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="compute_gradients"):
+        b.apply_gradients(grads[:1])
+
+
+def test_grad_clip_bounds_the_norm() -> None:
+    policy = make_policy(grad_clip=1e-3)
+    grads, info = policy.compute_gradients(batch_for(policy))
+    assert np.sqrt(sum(float((g ** 2).sum()) for g in grads)) <= 1e-3 * 1.001
+    assert info["learner_stats"]["grad_gnorm"] > 1e-3
+
+
+def test_state_restores_optimizer_and_rngs() -> None:
+    a = make_policy()
+    a.learn_on_batch(batch_for(a))
+    state = a.get_state()
+    obs = np.zeros((16, 4), np.float32)
+    a.learn_on_batch(batch_for(a, seed=1))
+    next_actions = a.compute_actions(obs)[0]
+    next_weights = a.get_weights()
+    b = make_policy()
+    b.set_state(state)
+    b.learn_on_batch(batch_for(b, seed=1))  # same Adam moments, same RNG draws
+    assert np.array_equal(b.compute_actions(obs)[0], next_actions)
+    for key, value in next_weights.items():
+        np.testing.assert_allclose(b.get_weights()[key], value, rtol=1e-6, atol=1e-7)
+
+
+def test_base_policy_has_no_loss_and_cuda_is_checked() -> None:
+    policy = Policy(BOX4, gym.spaces.Discrete(2), PolicyConfig())
+    with pytest.raises(NotImplementedError, match="override"):
+        policy.learn_on_batch(batch_for(policy))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA device"):
+            Policy(BOX4, gym.spaces.Discrete(2), PolicyConfig(device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_policy_learns_on_cuda_and_returns_cpu_numpy() -> None:
+    policy = make_policy(device="cuda")
+    batch = batch_for(policy)
+    policy.learn_on_batch(batch)
+    assert all(isinstance(v, np.ndarray) for v in policy.get_weights().values())
+    cpu = make_policy()
+    cpu.set_weights(policy.get_weights())
+    cpu.set_state(policy.get_state())
