@@ -28,6 +28,7 @@ import math
 import random
 import time
 import uuid
+import weakref
 from collections import deque
 from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 
@@ -59,6 +60,21 @@ class _Signal:
         raise TypeError(f"{self._name} is private to flowrl.iter and cannot be pickled")
 
 
+class _ShardStatus:
+    """An explicit end-of-stream or superseded answer from a shard (it crosses the wire by reference)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> str:
+        return self.name  # unpickles to the module's singleton
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+SHARD_END = _ShardStatus("SHARD_END")
+SHARD_SUPERSEDED = _ShardStatus("SHARD_SUPERSEDED")
 _NOT_READY = _Signal("_NOT_READY")
 _END = _Signal("_END")
 _UNSET: Any = object()
@@ -733,6 +749,11 @@ class ParallelIteratorWorker:
         item_source: an iterable, or a zero-argument callable returning one (called once, on the
             first initialisation). Lists and ranges restart at every initialisation; generators continue.
         repeat: cycle the source forever (it must be re-iterable).
+
+    Answers are the item (or a list of items) itself, or an explicit status value, ``SHARD_END`` or
+    ``SHARD_SUPERSEDED``; end of stream never crosses the wire as an exception. (SEMANTICS.md §2.8
+    writes them as ``("ok", item)`` tuples: a tuple costs ~10% of a Ray call on a 2-core machine,
+    so the common answer is the bare item.)
     """
 
     def __init__(self, item_source: Any, repeat: bool = False) -> None:
@@ -770,35 +791,41 @@ class ParallelIteratorWorker:
         finally:
             _CURRENT_SHARD_WORKER.reset(token)
 
-    def _par_collect(self, next_item: Callable[[], Any], batch_ms: float) -> tuple[str, Any]:
+    def _par_collect(self, next_item: Callable[[], Any], batch_ms: float) -> Any:
         deadline = time.monotonic() + batch_ms / 1000
         items: list[Any] = []
         while not items or time.monotonic() < deadline:
             item = next_item()
             if item is _END:
-                return ("ok", items) if items else ("end", None)
+                return items if items else SHARD_END
             items.append(item)
-            if batch_ms <= 0:
-                break
-        return "ok", items
+        return items
 
-    def par_iter_next(self, generation: Any) -> tuple[str, Any]:
-        """``("ok", item)``, ``("end", None)`` or ``("superseded", None)``."""
-        if generation != self._par_gen:
-            return "superseded", None
+    def par_iter_next(self, generation: Any = None) -> Any:
+        """The next item, or the explicit ``SHARD_END`` / ``SHARD_SUPERSEDED`` status value.
+
+        Without ``generation`` it serves the current chain: the core's one-item fast path, whose
+        requests carry no argument (each argument costs a measurable share of a Ray call), and which
+        detects concurrent gathers on the driver instead.
+        """
+        if generation is not None and generation != self._par_gen:
+            return SHARD_SUPERSEDED
         item = self._par_next()
-        return ("end", None) if item is _END else ("ok", item)
+        return SHARD_END if item is _END else item
 
-    def par_iter_next_batch(self, generation: Any, batch_ms: float) -> tuple[str, Any]:
-        """``("ok", [items])`` collected for up to ``batch_ms`` (one item if 0), or end/superseded."""
+    def par_iter_next_batch(self, generation: Any, batch_ms: float) -> Any:
+        """A list of items collected for up to ``batch_ms`` (one if 0), or a status value."""
         if generation != self._par_gen:
-            return "superseded", None
+            return SHARD_SUPERSEDED
+        if batch_ms <= 0:
+            item = self._par_next()
+            return SHARD_END if item is _END else [item]
         return self._par_collect(self._par_next, batch_ms)
 
-    def par_iter_slice_batch(self, generation: Any, step: int, start: int, batch_ms: float) -> tuple[str, Any]:
+    def par_iter_slice_batch(self, generation: Any, step: int, start: int, batch_ms: float) -> Any:
         """Like :meth:`par_iter_next_batch` over the items at positions ``start (mod step)``."""
         if generation != self._par_gen:
-            return "superseded", None
+            return SHARD_SUPERSEDED
         if self._par_slices is None or self._par_slices[0] != step:
             self._par_slices = (step, [deque() for _ in range(step)])
         buffers = self._par_slices[1]
@@ -833,11 +860,6 @@ def _make_shards(sources: Sequence[Any], repeat: bool, actor_options: dict[str, 
     return [_RemoteShard.options(**options).remote(src, repeat) for src in sources]
 
 
-def _superseded(name: str) -> RuntimeError:
-    return RuntimeError(f"{name}: shard re-initialised by another gather; only one gather may be "
-                        f"active per shard (derive one gather and duplicate() it to consume twice)")
-
-
 # ---------------------------------------------------------------------------------------------
 # Gathers.
 
@@ -849,56 +871,78 @@ class _ActorSet:
         return _ActorSet(self.actors, self.transforms + ((method, args),))
 
 
-def _init_shards(pairs: Sequence[tuple[Any, _Transforms]]) -> str:
-    generation = _new_generation()
-    ray.get([actor.par_iter_init.remote(transforms, generation) for actor, transforms in pairs])
-    return generation
+# The gather that last initialised each shard actor (by actor id), so that an older gather in this
+# process learns it was superseded before it sends another argument-free request.
+_ACTIVE_GATHERS: weakref.WeakValueDictionary[str, _GatherSource] = weakref.WeakValueDictionary()
 
 
-class _BarrierSource(_Puller):
+class _GatherSource(_Puller):
+    def __init__(self, pi: ParallelIterator[Any]) -> None:
+        self.name, self.pairs = repr(pi), pi._pairs()
+        self.generation: str | None = None
+        self.superseded = False
+
+    def _init(self) -> None:
+        self.generation = _new_generation()
+        ray.get([actor.par_iter_init.remote(transforms, self.generation) for actor, transforms in self.pairs])
+        for actor, _ in self.pairs:
+            key = actor._actor_id.hex()
+            previous = _ACTIVE_GATHERS.get(key)
+            if previous is not None and previous is not self:
+                previous.superseded = True
+            _ACTIVE_GATHERS[key] = self
+
+    def _check(self, status: Any = None) -> None:
+        if self.superseded or status is SHARD_SUPERSEDED:
+            raise RuntimeError(f"{self.name}: shard re-initialised by another gather; only one gather may "
+                               f"be active per shard (derive one gather and duplicate() it to consume twice)")
+
+
+class _BarrierSource(_GatherSource):
     """batch_across_shards: one request per live shard per round, lists in shard order, no prefetch."""
 
     def __init__(self, pi: ParallelIterator[Any], ctx: MetricsContext) -> None:
-        self.name, self.ctx = repr(pi), ctx
+        super().__init__(pi)
+        self.ctx = ctx
         self.round: list[Any] | None = None
-        self.pairs = pi._pairs()
         self.active = [a for a, _ in self.pairs]
-        self.generation: str | None = None
 
     def pull(self, block: bool) -> Any:
         if self.generation is None:
-            self.generation = _init_shards(self.pairs)
+            self._init()
         while True:
             if self.round is None:
+                self._check()
                 if not self.active:
                     return _END
-                self.round = [a.par_iter_next.remote(self.generation) for a in self.active]
+                self.round = [a.par_iter_next.remote() for a in self.active]
             if not block and len(ray.wait(self.round, num_returns=len(self.round), timeout=0)[0]) < len(self.round):
                 return _NOT_READY
             results, self.round = ray.get(self.round), None
-            if any(status == "superseded" for status, _ in results):
-                raise _superseded(self.name)
-            items = [item for status, item in results if status == "ok"]
-            self.active = [a for a, (status, _) in zip(self.active, results) if status == "ok"]
+            items = [r for r in results if not isinstance(r, _ShardStatus)]
+            self.active = [a for a, r in zip(self.active, results) if not isinstance(r, _ShardStatus)]
             if items:
                 self.ctx.current_actor = None
                 return items
 
 
-class _AsyncSource(_Puller):
+class _AsyncSource(_GatherSource):
     """gather_async / get_shard: <= num_async requests per shard, resubmitted before yielding."""
 
     def __init__(self, pi: ParallelIterator[Any], ctx: MetricsContext, num_async: int, batch_ms: float,
                  in_order: bool = False) -> None:
-        self.name, self.ctx, self.pairs = repr(pi), ctx, pi._pairs()
-        self.num_async, self.batch_ms, self.in_order = num_async, batch_ms, in_order
+        super().__init__(pi)
+        self.ctx, self.num_async, self.batch_ms, self.in_order = ctx, num_async, batch_ms, in_order
         self.refs: dict[Any, Any] = {}  # outstanding ref -> actor, in submission order
         self.done: deque[tuple[Any, Any]] = deque()  # (actor, result) completed, not yet processed
         self.items: deque[tuple[Any, Any]] = deque()
-        self.generation: str | None = None
 
     def _submit(self, actor: Any) -> None:
-        self.refs[actor.par_iter_next_batch.remote(self.generation, self.batch_ms)] = actor
+        self._check()
+        if self.batch_ms > 0:
+            self.refs[actor.par_iter_next_batch.remote(self.generation, self.batch_ms)] = actor
+        else:  # one item per request, no arguments: the cheapest Ray call there is
+            self.refs[actor.par_iter_next.remote()] = actor
 
     def _wait(self, block: bool) -> bool:
         refs = list(self.refs)
@@ -915,7 +959,7 @@ class _AsyncSource(_Puller):
 
     def pull(self, block: bool) -> Any:
         if self.generation is None:
-            self.generation = _init_shards(self.pairs)
+            self._init()
             for actor, _ in self.pairs:
                 for _ in range(self.num_async):
                     self._submit(actor)
@@ -925,12 +969,14 @@ class _AsyncSource(_Puller):
                     return _END
                 if not self._wait(block):
                     return _NOT_READY
-            actor, (status, batch) = self.done.popleft()
-            if status == "superseded":
-                raise _superseded(self.name)
-            if status == "ok":
+            actor, result = self.done.popleft()
+            self._check(result)
+            if result is not SHARD_END:
                 self._submit(actor)
-                self.items.extend((item, actor) for item in batch)
+                if self.batch_ms > 0:
+                    self.items.extend((item, actor) for item in result)
+                else:
+                    self.items.append((result, actor))
         item, self.ctx.current_actor = self.items.popleft()
         return item
 
@@ -942,12 +988,12 @@ def _sliced_stream(actors: list[Any], generation: str, step: int, start: int,
     while refs:
         ready, _ = ray.wait(list(refs), num_returns=1)
         actor = refs.pop(ready[0])
-        status, items = ray.get(ready[0])
-        if status == "superseded":
+        result = ray.get(ready[0])
+        if result is SHARD_SUPERSEDED:
             raise RuntimeError("repartition source shard re-initialised by another gather")
-        if status == "ok":
+        if result is not SHARD_END:
             refs[actor.par_iter_slice_batch.remote(generation, step, start, batch_ms)] = actor
-            yield from items
+            yield from result
 
 
 class ParallelIterator(Generic[T]):
@@ -1065,7 +1111,8 @@ class ParallelIterator(Generic[T]):
             raise ValueError(f"repartition(num_partitions={num_partitions!r}) needs an int >= 1")
         _check_gather_args(1, batch_ms)
         pairs = self._pairs()
-        generation = _init_shards(pairs)
+        generation = _new_generation()
+        ray.get([actor.par_iter_init.remote(transforms, generation) for actor, transforms in pairs])
         sources = [a for a, _ in pairs]
         parts = _make_shards([functools.partial(_sliced_stream, sources, generation, num_partitions, i, batch_ms)
                               for i in range(num_partitions)], False, None)
