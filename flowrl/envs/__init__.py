@@ -1,0 +1,31 @@
+"""Environments for rollout workers (ARCHITECTURE.md, "The RL substrate").
+
+- :func:`make_env` builds a gymnasium env from an id or a callable ``EnvContext -> gymnasium.Env``;
+  :func:`derive_seed` gives every worker and env its own seed from one config seed.
+- :class:`VectorEnv` steps N copies of a single-agent env with same-step autoreset: every
+  :class:`VectorStep` row is a real transition, with the true last observation in ``final_obs``.
+- :class:`MultiAgentEnv` is the dict-keyed multi-agent protocol (``"__all__"`` ends the episode),
+  :class:`MultiAgentCartPole` an example, :func:`make_policy_mapping` the validated agent -> policy map,
+  and :class:`MultiAgentVectorEnv` the vector of multi-agent envs.
+
+Examples:
+    >>> import numpy as np
+    >>> env = VectorEnv("CartPole-v1", 4, seed=0)
+    >>> env.reset().shape
+    (4, 4)
+    >>> step = env.step(np.ones(4, dtype=np.int64))
+    >>> step.rewards.tolist()
+    [1.0, 1.0, 1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from flowrl.envs.base import EnvContext, EnvSpec, EpisodeRecord, derive_seed, make_env
+from flowrl.envs.multi_agent import (MultiAgentCartPole, MultiAgentEnv, MultiAgentStep, MultiAgentVectorEnv,
+                                     MultiAgentVectorStep, PolicyMapping, make_policy_mapping)
+from flowrl.envs.vector import AUTO_NATIVE_MIN_ENVS, SupportedSpace, VectorEnv, VectorStep
+
+__all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "derive_seed", "make_env",
+           "VectorEnv", "VectorStep", "SupportedSpace", "AUTO_NATIVE_MIN_ENVS",
+           "MultiAgentEnv", "MultiAgentCartPole", "MultiAgentVectorEnv", "MultiAgentStep", "MultiAgentVectorStep",
+           "PolicyMapping", "make_policy_mapping"]

@@ -1,0 +1,209 @@
+"""Making environments: :class:`EnvContext`, :data:`EnvSpec`, :func:`make_env`, :func:`derive_seed`,
+and the :class:`EpisodeRecord` that a vector env emits for every finished episode.
+
+Examples:
+    >>> ctx = EnvContext(worker_index=1, env_index=0, seed=derive_seed(0, 1, 0))
+    >>> env = make_env("CartPole-v1", ctx)
+    >>> obs, info = env.reset(seed=ctx.seed)
+    >>> obs.shape, env.action_space
+    ((4,), Discrete(2))
+    >>> make_env(lambda ctx: gymnasium.make("CartPole-v1", **ctx.config), ctx).spec.id
+    'CartPole-v1'
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Union
+
+import gymnasium
+import numpy as np
+
+__all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "make_env", "derive_seed", "check_seed"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_seed(seed: object, name: str = "seed") -> int | None:
+    """``seed`` as a plain ``int`` (or ``None``); a bool, a float or a negative number raises.
+
+    Examples:
+        >>> check_seed(np.int64(3)), check_seed(None)
+        (3, None)
+
+    Raises:
+        ValueError: ``seed`` is not ``None`` or an int >= 0.
+    """
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"{name}={seed!r} must be None or an int >= 0 (numpy's SeedSequence takes only "
+                         f"non-negative integers); pass e.g. {name}=0")
+    return int(seed)
+
+
+@dataclass(frozen=True)
+class EnvContext:
+    """What an env callable is told about the env it builds.
+
+    Attributes:
+        worker_index: the rollout worker (0 for the local worker, 1..N for remote ones).
+        env_index: the env's position inside that worker's vector.
+        seed: the env's own seed, ``derive_seed(config_seed, worker_index, env_index)``; a vector env
+            also passes it to the env's first ``reset()``. ``None`` means unseeded.
+        config: the user's env config (for a gymnasium id: the keyword arguments of ``gymnasium.make``).
+
+    Examples:
+        >>> EnvContext(worker_index=2, env_index=1, seed=7, config={"max_episode_steps": 50}).config
+        {'max_episode_steps': 50}
+        >>> EnvContext(worker_index=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: EnvContext.worker_index=-1 must be an int >= 0 ...
+    """
+
+    worker_index: int = 0
+    env_index: int = 0
+    seed: int | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("worker_index", "env_index"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ValueError(f"EnvContext.{name}={value!r} must be an int >= 0 (0 is the first worker / env)")
+        check_seed(self.seed, "EnvContext.seed")
+        if not isinstance(self.config, Mapping):
+            raise TypeError(f"EnvContext.config={self.config!r} must be a mapping of env keyword arguments; "
+                            f"pass a dict such as {{'max_episode_steps': 100}}")
+        # A private copy, so a caller mutating its dict later cannot change a built env's context.
+        object.__setattr__(self, "config", dict(self.config))
+
+
+EnvSpec = Union[str, Callable[[EnvContext], "gymnasium.Env[Any, Any]"]]
+"""A gymnasium id (``"CartPole-v1"``, or ``"module:Id-v0"`` to import ``module`` first) or a callable
+``EnvContext -> gymnasium.Env``."""
+
+
+def _check_registered(env_id: str) -> None:
+    module, sep, name = env_id.partition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ValueError(f"env id {env_id!r}: cannot import module {module!r} ({err}); install it or drop "
+                             f"the 'module:' prefix") from err
+    else:
+        name = env_id
+    if name in gymnasium.registry:
+        return
+    close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
+    hint = f"closest registered ids: {', '.join(repr(c) for c in close)}" if close else "no registered id is close"
+    raise ValueError(f"unknown gymnasium env id {name!r} ({hint}); pass a registered id (see "
+                     f"gymnasium.registry.keys()), 'module:Id' to register one on import, or a callable "
+                     f"EnvContext -> gymnasium.Env")
+
+
+def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
+    """Builds one env: ``gymnasium.make(env, **ctx.config)`` for an id, ``env(ctx)`` for a callable.
+
+    Args:
+        env: a gymnasium id or a callable ``EnvContext -> gymnasium.Env``.
+        ctx: the worker / env indices, the env's seed and the env config.
+
+    Returns:
+        The env, not yet reset.
+
+    Raises:
+        ValueError: an unknown id (the message lists the closest registered ids).
+        TypeError: ``env`` is neither a string nor callable, the callable returned something that is not a
+            ``gymnasium.Env``, or ``gymnasium.make`` rejected the config's keyword arguments.
+
+    Examples:
+        >>> make_env("CartPole-v1", EnvContext(config={"max_episode_steps": 5})).spec.max_episode_steps
+        5
+        >>> make_env("CartPol-v1", EnvContext())
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown gymnasium env id 'CartPol-v1' (closest registered ids: 'CartPole-v1', ...
+    """
+    if isinstance(env, str):
+        _check_registered(env)
+        try:
+            return gymnasium.make(env, **ctx.config)
+        except TypeError as err:
+            raise TypeError(f"gymnasium.make({env!r}, **config) rejected the env config {dict(ctx.config)!r}: {err}; "
+                            f"fix or drop the offending keys") from err
+    if not callable(env):
+        raise TypeError(f"env={env!r} must be a gymnasium id (str) or a callable EnvContext -> gymnasium.Env")
+    made = env(ctx)
+    if not isinstance(made, gymnasium.Env):
+        name = getattr(env, "__qualname__", repr(env))
+        raise TypeError(f"env callable {name} returned {type(made).__name__} ({made!r:.80}), not a gymnasium.Env; "
+                        f"return the env itself (e.g. gymnasium.make(...)), not a vector env, tuple or class")
+    return made
+
+
+def derive_seed(seed: int | None, worker_index: int, env_index: int) -> int | None:
+    """The seed of env ``env_index`` on worker ``worker_index``, derived from one config ``seed``.
+
+    It is the first 63 bits of ``numpy.random.SeedSequence(seed, spawn_key=(worker_index, env_index))``:
+    the grandchild that ``SeedSequence(seed).spawn(...)`` would give at those positions, so the seeds
+    of different workers and envs are statistically independent (unlike ``seed + i``), and the same for
+    every run. ``None`` stays ``None`` (unseeded).
+
+    Args:
+        seed: the config seed (an int >= 0) or ``None``.
+        worker_index: 0 for the local worker, 1..N for remote ones.
+        env_index: the env's position in the worker's vector.
+
+    Returns:
+        An int in ``[0, 2**63)``, or ``None``.
+
+    Raises:
+        ValueError: a negative or non-integer seed or index.
+
+    Examples:
+        >>> derive_seed(0, 1, 2) == derive_seed(0, 1, 2) != derive_seed(0, 2, 1)
+        True
+        >>> child = np.random.SeedSequence(0).spawn(2)[1].spawn(3)[2]
+        >>> derive_seed(0, 1, 2) == int(child.generate_state(1, np.uint64)[0]) >> 1
+        True
+        >>> derive_seed(None, 1, 2) is None
+        True
+    """
+    checked = check_seed(seed)
+    for name, value in (("worker_index", worker_index), ("env_index", env_index)):
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"derive_seed: {name}={value!r} must be an int >= 0")
+    if checked is None:
+        return None
+    seq = np.random.SeedSequence(checked, spawn_key=(int(worker_index), int(env_index)))
+    return int(seq.generate_state(1, np.uint64)[0]) >> 1
+
+
+@dataclass(frozen=True)
+class EpisodeRecord:
+    """One finished episode, as a vector env reports it.
+
+    Attributes:
+        env_index: the env (inside its vector) that ran the episode.
+        episode_return: the sum of the episode's rewards (all agents' rewards, for a multi-agent env).
+        episode_length: env steps in the episode.
+        agent_returns: agent id -> that agent's return; empty for a single-agent env.
+        custom_metrics: user metrics for the episode (name -> value); empty by default.
+
+    Examples:
+        >>> EpisodeRecord(env_index=0, episode_return=12.0, episode_length=12)
+        EpisodeRecord(env_index=0, episode_return=12.0, episode_length=12, agent_returns={}, custom_metrics={})
+    """
+
+    env_index: int
+    episode_return: float
+    episode_length: int
+    agent_returns: dict[str, float] = field(default_factory=dict)
+    custom_metrics: dict[str, float] = field(default_factory=dict)
