@@ -30,6 +30,11 @@ def item(i: int, steps: int = 1) -> SampleBatch:
     return SampleBatch({OBS: np.full(steps, i)})
 
 
+def stored_ids(buf: ReplayBuffer[SampleBatch]) -> list[int]:
+    """The ids of the stored items, in slot order."""
+    return [int(it[OBS][0]) for it in buf._storage]
+
+
 # ---------------------------------------------------------------------------------------------
 # Segment trees: hand-computed examples.
 
@@ -121,6 +126,22 @@ def test_segment_trees_match_brute_force(case: tuple[int, list[tuple[int, int]],
     assert total.find_prefixsum_idxes(masses).tolist() == [total.find_prefixsum_idx(m) for m in masses]
 
 
+@pytest.mark.parametrize("num_writes", [3, 100])  # below and above the one-by-one limit of set_many
+def test_set_many_equals_setting_leaves_one_by_one(num_writes: int) -> None:
+    rng = np.random.default_rng(num_writes)
+    idxes, values = rng.integers(0, 64, num_writes), rng.random(num_writes)  # with repeated indexes
+    for make in (SumSegmentTree, MinSegmentTree):
+        batched, single = make(64), make(64)
+        batched.set_many(idxes, values)
+        for i, v in zip(idxes.tolist(), values.tolist()):
+            single[i] = v
+        assert np.array_equal(batched.value, single.value)
+        rebuilt = make(64)
+        rebuilt.value[64:] = single.value[64:]
+        rebuilt._rebuild()
+        assert np.array_equal(rebuilt.value, single.value)
+
+
 def test_generic_segment_tree_with_custom_operation() -> None:
     tree = SegmentTree(8, np.maximum, -math.inf)
     tree.set_many([1, 5, 6], [3.0, 7.0, -2.0])
@@ -157,13 +178,13 @@ def test_replay_buffer_fifo_wrap_counts_timesteps() -> None:
     assert len(buf) == 3 and buf.num_evicted == 0
     buf.add(item(3, steps=4))  # overwrites item 0, the oldest
     assert len(buf) == 3 and buf.num_evicted == 1
-    assert [s["columns"][OBS][0] for s in buf.get_state()["items"]] == [3, 1, 2]
+    assert stored_ids(buf) == [3, 1, 2]
     assert set(buf.sample(200)[OBS].tolist()) == {1, 2, 3}
 
     one_step: ReplayBuffer[SampleBatch] = ReplayBuffer(capacity=3, seed=0)
     for i in range(5):
         one_step.add(item(i))
-    assert [s["columns"][OBS][0] for s in one_step.get_state()["items"]] == [3, 4, 2]
+    assert stored_ids(one_step) == [3, 4, 2]
     assert (len(one_step), one_step.num_evicted, one_step.num_timesteps_added) == (3, 2, 5)
 
 
@@ -173,7 +194,7 @@ def test_replay_buffer_invariants(capacity: int, sizes: list[int]) -> None:
     buf: ReplayBuffer[SampleBatch] = ReplayBuffer(capacity=capacity, seed=0)
     for i, n in enumerate(sizes):
         buf.add(item(i, steps=n))
-        stored = [s["columns"][OBS][0] for s in buf.get_state()["items"]]
+        stored = stored_ids(buf)
         assert i in stored  # the newest item is always kept
         assert len(stored) == len(set(stored)) <= capacity
         assert buf.num_evicted == buf.num_added - len(buf)
@@ -203,7 +224,8 @@ def test_replay_buffer_errors() -> None:
 # ---------------------------------------------------------------------------------------------
 # PrioritizedReplayBuffer.
 
-def prioritized(priorities: list[float], alpha: float = 1.0, capacity: int = 8, seed: int = 0) -> PrioritizedReplayBuffer:
+def prioritized(priorities: list[float], alpha: float = 1.0, capacity: int = 8,
+                seed: int = 0) -> PrioritizedReplayBuffer:
     buf = PrioritizedReplayBuffer(capacity=capacity, alpha=alpha, seed=seed)
     for i, p in enumerate(priorities):
         buf.add(item(i), priority=p)
@@ -347,7 +369,8 @@ def test_simple_replay_buffer_ring() -> None:
     for i in range(5):
         buf.add_batch(item(i))
     assert len(buf) == 3
-    assert {int(buf.replay()[OBS][0]) for _ in range(100)} == {2, 3, 4}
+    replays = [buf.replay() for _ in range(100)]
+    assert {int(b[OBS][0]) for b in replays if isinstance(b, SampleBatch)} == {2, 3, 4}  # stored as given
     none = SimpleReplayBuffer(num_slots=0)
     none.add_batch(item(0))
     assert len(none) == 0
@@ -386,7 +409,8 @@ def test_local_buffer_copies_its_input() -> None:
     buf = LocalReplayBuffer(learning_starts=0, capacity=64, replay_batch_size=50, seed=0)
     buf.add_batch(batch)
     batch[OBS][:] = -1
-    assert set(buf.replay().policy_batches[DEFAULT_POLICY_ID][OBS].tolist()) == {0, 1, 2, 3}
+    replayed = buf.replay()
+    assert replayed is not None and set(replayed.policy_batches[DEFAULT_POLICY_ID][OBS].tolist()) == {0, 1, 2, 3}
 
 
 def two_policy_batch(n: int) -> MultiAgentBatch:
@@ -422,10 +446,11 @@ def test_lockstep_aligns_unequal_policies_by_eps_id_and_t() -> None:
     batch = MultiAgentBatch({"a": SampleBatch({OBS: [0, 1, 2, 3], EPS_ID: [7] * 4, T: [0, 1, 2, 3]}),
                              "b": SampleBatch({OBS: [13, 11], EPS_ID: [7, 7], T: [3, 1]})}, env_steps=4)
     buf.add_batch(batch)
-    items = buf.get_state()["buffers"][ALL_POLICIES]["items"]
-    assert [{p: cols[OBS].tolist() for p, cols in s["policy_batches"].items()} for s in items] == [
+    assert buf.lockstep_buffer is not None
+    items = buf.lockstep_buffer._storage
+    assert [{p: b[OBS].tolist() for p, b in s.policy_batches.items()} for s in items] == [
         {"a": [0]}, {"a": [1], "b": [11]}, {"a": [2]}, {"a": [3], "b": [13]}]
-    assert [s["env_steps"] for s in items] == [1, 1, 1, 1]
+    assert [s.count for s in items] == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="lockstep"):
         buf.add_batch(MultiAgentBatch({"a": rows(2), "b": rows(1)}, env_steps=2))
 
@@ -456,6 +481,17 @@ def test_priorities_column_is_used_and_weights_never_are() -> None:
     uniform.add_batch(SampleBatch({OBS: np.arange(3), PRIORITIES: [1.0, 2.0, 3.0]}))
     assert type(uniform.replay_buffers[DEFAULT_POLICY_ID]) is ReplayBuffer
     uniform.update_priorities({DEFAULT_POLICY_ID: ([0], [1.0])})  # a no-op
+
+
+def test_a_bad_priorities_column_stores_nothing() -> None:
+    buf = LocalReplayBuffer(learning_starts=0, capacity=64, seed=0)
+    good = SampleBatch({OBS: np.arange(3), PRIORITIES: [1.0, 2.0, 3.0]})
+    bad = SampleBatch({OBS: np.arange(2), PRIORITIES: [1.0, float("nan")]})
+    with pytest.raises(ValueError, match=r"policy 'b'.*priority nan"):
+        buf.add_batch(MultiAgentBatch({"a": good, "b": bad}, env_steps=3))
+    assert len(buf) == 0 and buf.num_added == 0 and buf.replay() is None  # policy "a" was not stored either
+    with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
+        buf.add_batch(SampleBatch({OBS: np.arange(2), PRIORITIES: np.ones((2, 2))}))
 
 
 def test_sequences_replay_batch_size_over_t() -> None:
@@ -528,6 +564,12 @@ def test_get_state_set_state_round_trip(config: dict[str, Any]) -> None:
     key = f"policy_{ALL_POLICIES}" if config.get("replay_mode") == "lockstep" else "policy_a"
     assert restored.stats(debug=True)[key] == original.stats(debug=True)[key]
     assert original.stats()[key]["num_evicted"] > 0
+    for policy_id, inner in original.replay_buffers.items():  # prioritized: both trees rebuilt bit for bit
+        if isinstance(inner, PrioritizedReplayBuffer):
+            twin = restored.replay_buffers[policy_id]
+            assert isinstance(twin, PrioritizedReplayBuffer) and twin.max_priority == inner.max_priority
+            assert np.array_equal(twin.sum_tree.value, inner.sum_tree.value)
+            assert np.array_equal(twin.min_tree.value, inner.min_tree.value)
     for _ in range(3):
         assert restored.replay() == original.replay()
     for buf in (original, restored):  # and they keep evolving identically
@@ -540,11 +582,15 @@ def test_state_is_a_snapshot_and_checks_the_configuration() -> None:
     buf = LocalReplayBuffer(learning_starts=0, capacity=16, replay_batch_size=2, seed=0)
     buf.add_batch(rows(4))
     state = buf.get_state()
-    tree_before = state["buffers"][DEFAULT_POLICY_ID]["sum_tree"].copy()
+    leaves_before = state["buffers"][DEFAULT_POLICY_ID]["leaves"].copy()
     buf.update_priorities({DEFAULT_POLICY_ID: ([0], [5.0])})
     buf.add_batch(rows(4))
-    assert np.array_equal(state["buffers"][DEFAULT_POLICY_ID]["sum_tree"], tree_before)
-    assert len(state["buffers"][DEFAULT_POLICY_ID]["items"]) == 4
+    assert np.array_equal(state["buffers"][DEFAULT_POLICY_ID]["leaves"], leaves_before)
+    restored = LocalReplayBuffer(capacity=16)
+    restored.set_state(state)
+    assert len(restored) == 4
+    state["buffers"][DEFAULT_POLICY_ID]["items"]["batches"]["layouts"][0]["columns"][OBS][:] = -1
+    assert restored.replay_buffers[DEFAULT_POLICY_ID]._storage[0][OBS].tolist() == [0]  # no alias either way
     with pytest.raises(ValueError, match="capacity"):
         LocalReplayBuffer(capacity=32).set_state(state)
     with pytest.raises(ValueError, match="lockstep"):
@@ -554,6 +600,63 @@ def test_state_is_a_snapshot_and_checks_the_configuration() -> None:
     other = LocalReplayBuffer(learning_starts=5, capacity=16, replay_batch_size=3)  # same storage settings
     other.set_state(state)
     assert len(other) == 4 and other.learning_starts == 5
+
+
+def test_state_is_columnar_and_keeps_mixed_layouts_exactly() -> None:
+    buf: ReplayBuffer[SampleBatch] = ReplayBuffer(capacity=100, seed=0)
+    mixed = [SampleBatch({OBS: np.arange(3, dtype=np.float32)}), SampleBatch({OBS: np.zeros((2, 4), np.uint8)}),
+             SampleBatch({OBS: [7.0], REWARDS: [1.0]}), SampleBatch({OBS: np.arange(3, 5, dtype=np.float32)})]
+    for b in mixed:
+        buf.add(b)
+    state = buf.get_state()
+    layouts = state["items"]["batches"]["layouts"]
+    assert len(layouts) == 3 and layouts[0]["lengths"].tolist() == [3, 2]  # one array per layout and column
+    restored: ReplayBuffer[SampleBatch] = ReplayBuffer(capacity=100)
+    restored.set_state(state)
+    for a, b in zip(restored._storage, mixed, strict=True):
+        assert a == b and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape for k in b)
+
+    with_objects: ReplayBuffer[SampleBatch] = ReplayBuffer(capacity=10)
+    with_objects.add(SampleBatch({OBS: [1.0], "infos": np.array([{}], dtype=object)}))
+    with pytest.raises(ValueError, match="'infos' holds Python objects"):
+        with_objects.get_state()
+
+
+def test_malformed_state_raises_and_leaves_the_buffer_unchanged() -> None:
+    buf = LocalReplayBuffer(learning_starts=0, capacity=16, replay_batch_size=2, seed=0)
+    buf.add_batch(rows(4))
+    good = buf.get_state()
+    target = LocalReplayBuffer(learning_starts=0, capacity=16, replay_batch_size=2, seed=5)
+    target.add_batch(rows(2, offset=50))
+    before = target.get_state()
+    policy = good["buffers"][DEFAULT_POLICY_ID]
+    broken = [
+        {k: v for k, v in good.items() if k != "rng"},  # a missing key
+        {**good, "buffers": [policy]},  # a wrong container
+        {**good, "buffers": {DEFAULT_POLICY_ID: {**policy, "leaves": policy["leaves"][:2]}}},  # 2 leaves, 4 items
+        {**good, "buffers": {DEFAULT_POLICY_ID: {**policy, "leaves": -policy["leaves"]}}},
+        {**good, "buffers": {DEFAULT_POLICY_ID: {**policy, "next_idx": 9}}},
+        {**good, "rng": {"bit_generator": "MT19937"}},
+    ]
+    for state in broken:
+        with pytest.raises(ValueError):
+            target.set_state(state)
+        assert_state_equal(target.get_state(), before)
+
+
+def assert_state_equal(a: Any, b: Any) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for k in a:
+            assert_state_equal(a[k], b[k])
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_state_equal(x, y)
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    else:
+        assert a == b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -567,8 +670,13 @@ def test_replay_actor_serves_replays_as_a_shard() -> None:
     with pytest.raises(ValueError, match="num_actors"):
         make_replay_actors(0)
 
-    [actor] = make_replay_actors(1, learning_starts=150, capacity=1000, replay_batch_size=8, seed=0)
-    assert ray.get(actor.ping.remote()) == "ok"
+    with pytest.raises(ValueError, match="colocated_with_driver"):
+        make_replay_actors(1, colocated_with_driver="yes")  # type: ignore[arg-type]
+
+    [actor] = make_replay_actors(1, colocated_with_driver=True, learning_starts=150, capacity=1000,
+                                 replay_batch_size=8, seed=0)  # pinned to the driver's node (the doctest: free)
+    pong: Any = ray.get(actor.ping.remote())  # Ray's stubs type this as a list
+    assert pong == "ok"
     replays = from_actors([actor]).gather_async()
     assert next(replays) is None  # "no data yet" crosses as None (Replay turns it into not-ready)
     ray.get([actor.add_batch.remote(rows(100)), actor.add_batch.remote(rows(100, offset=100))])
@@ -587,4 +695,6 @@ def test_replay_actor_serves_replays_as_a_shard() -> None:
     assert stats["num_added"] == 200 and stats[f"policy_{DEFAULT_POLICY_ID}"]["num_entries"] == 200
     local = LocalReplayBuffer(learning_starts=150, capacity=1000, replay_batch_size=8)
     local.set_state(ray.get(actor.get_state.remote()))
-    assert len(local) == 200 and local.replay_buffers[DEFAULT_POLICY_ID].max_priority == 1.0 + 1e-6  # type: ignore[attr-defined]
+    restored = local.replay_buffers[DEFAULT_POLICY_ID]
+    assert isinstance(restored, PrioritizedReplayBuffer)
+    assert len(local) == 200 and restored.max_priority == 1.0 + 1e-6  # the update reached the shard
