@@ -1,0 +1,464 @@
+"""Rollout workers and the WorkerSet (SEMANTICS.md §3.0).
+
+A :class:`RolloutWorker` owns a vector of envs and the policy replicas that act in them; ``sample()``
+returns one fragment of ``rollout_fragment_length`` steps per env, postprocessed per trajectory. It
+runs in the driver as the *local worker* (the learner's replica) or as a Ray actor, and it is a shard
+source: its stream is ``sample()`` forever. A :class:`WorkerSet` is one local worker plus N remote ones.
+
+Examples:
+    >>> from flowrl.testing import TinyPGPolicy
+    >>> cfg = RolloutConfig(env="CartPole-v1", num_envs_per_worker=2, rollout_fragment_length=8, seed=0)
+    >>> worker = RolloutWorker(policy_class=TinyPGPolicy, config=cfg)
+    >>> batch = worker.sample()
+    >>> batch.count, batch["obs"].shape
+    (16, (16, 4))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar
+
+import numpy as np
+import ray
+import torch
+
+from flowrl import runtime
+from flowrl.envs import (EnvSpec, EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
+                         make_policy_mapping)
+from flowrl.iter import ParallelIteratorWorker
+from flowrl.policy import Policy, PolicyConfig
+from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
+                                 TERMINATEDS, TRUNCATEDS, AnyBatch, MultiAgentBatch, SampleBatch, T)
+
+__all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet"]
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicySpec:
+    """One policy of a multi-agent setup.
+
+    Attributes:
+        policy_class: its Policy class (``None``: the worker's ``policy_class``).
+        config: its own policy config (``None``: the worker's config).
+    """
+
+    policy_class: type[Policy] | None = None
+    config: PolicyConfig | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig(PolicyConfig):
+    """Where and how experience is collected; algorithm configs extend it.
+
+    Attributes:
+        env: a gymnasium id or a callable ``EnvContext -> gymnasium.Env``.
+        env_config: keyword arguments for the env (passed to ``gymnasium.make`` for an id).
+        num_workers: remote rollout workers (0: sample in the driver).
+        num_envs_per_worker: envs stepped together by each worker (one batched policy call per step).
+        rollout_fragment_length: steps per env in one ``sample()``.
+        batch_mode: ``"truncate_episodes"`` (exactly ``fragment x envs`` steps) or
+            ``"complete_episodes"`` (at least that many, ending on episode boundaries).
+        num_cpus_per_worker / num_gpus_per_worker: what each remote worker asks Ray for.
+        vector_backend: how a worker steps its envs (see :class:`flowrl.envs.VectorEnv`).
+        policies: multi-agent only: policy id -> :class:`PolicySpec`; ``env`` must then be a callable
+            returning a :class:`flowrl.envs.MultiAgentEnv`. ``None`` is single-agent.
+        policy_mapping_fn: agent id -> policy id, as a dict or a callable (see
+            :func:`flowrl.envs.make_policy_mapping`).
+        policies_to_train: the policies that learn (``None``: all).
+    """
+
+    env: EnvSpec = "CartPole-v1"
+    env_config: Mapping[str, Any] = field(default_factory=dict)
+    num_workers: int = 0
+    num_envs_per_worker: int = 1
+    rollout_fragment_length: int = 200
+    batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
+    num_cpus_per_worker: float = 1
+    num_gpus_per_worker: float = 0
+    vector_backend: Literal["auto", "loop", "gymnasium"] = "auto"
+    policies: Mapping[str, PolicySpec] | None = None
+    policy_mapping_fn: Callable[[str], str] | Mapping[str, str] | None = None
+    policies_to_train: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.policies is not None:
+            if not self.policies or not all(isinstance(v, PolicySpec) for v in self.policies.values()):
+                raise ValueError(f"policies={self.policies!r} must map policy ids to PolicySpec(...) entries")
+            if not callable(self.env):
+                raise ValueError(f"env={self.env!r}: a multi-agent config needs a callable EnvContext -> "
+                                 f"MultiAgentEnv, e.g. MultiAgentCartPole.from_context")
+            if self.batch_mode != "truncate_episodes":
+                raise ValueError(f"batch_mode={self.batch_mode!r} is not supported with multi-agent policies yet; "
+                                 f"use 'truncate_episodes'")
+            make_policy_mapping(self.policy_mapping_fn, list(self.policies))  # targets checked now
+        if self.policies_to_train is not None:
+            known = set(self.policies) if self.policies is not None else {DEFAULT_POLICY_ID}
+            unknown = sorted(set(self.policies_to_train) - known)
+            if unknown:
+                raise ValueError(f"policies_to_train names unknown policies {unknown}; known: {sorted(known)}")
+        for name in ("rollout_fragment_length", "num_envs_per_worker"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int (steps per env per sample / envs "
+                                 f"per worker)")
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"num_workers={self.num_workers!r} must be an int >= 0 (0 samples in the driver)")
+        if self.batch_mode not in ("truncate_episodes", "complete_episodes"):
+            raise ValueError(f"batch_mode={self.batch_mode!r}; use 'truncate_episodes' or 'complete_episodes'")
+        if self.num_cpus_per_worker < 0 or self.num_gpus_per_worker < 0:
+            raise ValueError(f"num_cpus_per_worker={self.num_cpus_per_worker} and num_gpus_per_worker="
+                             f"{self.num_gpus_per_worker} must be >= 0")
+
+    @property
+    def sample_size(self) -> int:
+        """R: one worker's sample size, ``rollout_fragment_length x num_envs_per_worker``."""
+        return self.rollout_fragment_length * self.num_envs_per_worker
+
+
+def _policy_seed(seed: int | None, worker_index: int) -> int | None:
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([seed, worker_index, 7919]).generate_state(1)[0])
+
+
+class RolloutWorker(ParallelIteratorWorker):
+    """Envs plus policy replicas; ``sample()`` one fragment per call. Usable in-process or as an actor.
+
+    Args:
+        policy_class: the :class:`~flowrl.policy.Policy` subclass to act (and, locally, learn) with.
+        config: a :class:`RolloutConfig` (or an algorithm config extending it).
+        worker_index: 0 for the local worker, 1..N for remote ones; seeds derive from it.
+    """
+
+    def __init__(self, *, policy_class: type[Policy], config: RolloutConfig, worker_index: int = 0) -> None:
+        self.config, self.worker_index = config, worker_index
+        if worker_index > 0:  # a remote worker: one intra-op thread per reserved CPU
+            torch.set_num_threads(max(1, int(config.num_cpus_per_worker)))
+        policy_config = dataclasses.replace(config, seed=_policy_seed(config.seed, worker_index))
+        self.env: VectorEnv | MultiAgentVectorEnv
+        self.mapping: PolicyMapping | None = None
+        n = config.num_envs_per_worker
+        if config.policies is None:
+            self.env = VectorEnv(config.env, n, seed=config.seed, worker_index=worker_index,
+                                 config=config.env_config, backend=config.vector_backend)
+            self.policy_map: dict[str, Policy] = {
+                DEFAULT_POLICY_ID: policy_class(self.env.observation_space, self.env.action_space, policy_config)}
+        else:
+            self.env, self.policy_map = self._make_multi_agent(policy_class, config, policy_config)
+        self.policies_to_train = list(config.policies_to_train or self.policy_map)
+        self._obs: Any = self.env.reset()
+        self._eps_id = np.arange(n, dtype=np.int64) + worker_index * 10**9  # unique per worker
+        self._next_eps = int(self._eps_id[-1]) + 1
+        self._ep_t = np.zeros(n, dtype=np.int64)
+        self._pending: list[list[SampleBatch]] = [[] for _ in range(n)]  # complete_episodes carry-over
+        self._episodes: list[EpisodeRecord] = []
+        super().__init__(self._sample_forever)
+
+    def _sample_forever(self) -> Iterator[AnyBatch]:
+        while True:
+            yield self.sample()
+
+    # -- sampling --------------------------------------------------------------------------------
+    def _step_chunk(self, steps: int) -> list[SampleBatch]:
+        """Steps every env ``steps`` times; returns one time-ordered raw trajectory per env."""
+        policy, env = self.policy_map[DEFAULT_POLICY_ID], self.env
+        assert isinstance(env, VectorEnv)  # single-agent config, checked in __init__
+        columns: dict[str, list[np.ndarray]] = {}
+
+        def put(key: str, value: np.ndarray) -> None:
+            columns.setdefault(key, []).append(value)
+
+        for _ in range(steps):
+            actions, extras = policy.compute_actions(self._obs)
+            step = env.step(actions)
+            put(OBS, self._obs)
+            put(ACTIONS, actions)
+            put(REWARDS, step.rewards)
+            put(TERMINATEDS, step.terminateds)
+            put(TRUNCATEDS, step.truncateds)
+            put(NEXT_OBS, step.final_obs)
+            put(EPS_ID, self._eps_id.copy())
+            put(T, self._ep_t.copy())
+            for key, value in extras.items():
+                put(key, value)
+            done = step.terminateds | step.truncateds
+            self._ep_t += 1
+            for i in np.flatnonzero(done):
+                self._eps_id[i], self._ep_t[i] = self._next_eps, 0
+                self._next_eps += 1
+            self._episodes.extend(step.episodes)
+            self._obs = step.obs
+        stacked = {k: np.stack(v, axis=1) for k, v in columns.items()}  # [N, T, ...], env-major
+        return [SampleBatch({**{k: v[i] for k, v in stacked.items()},
+                             ENV_ID: np.full(steps, i, dtype=np.int64)}) for i in range(env.num_envs)]
+
+    def _postprocess(self, pieces: Sequence[SampleBatch]) -> list[SampleBatch]:
+        policy = self.policy_map[DEFAULT_POLICY_ID]
+        return [policy.postprocess_trajectory(piece) for piece in pieces]
+
+    def _make_multi_agent(self, policy_class: type[Policy], config: RolloutConfig,
+                          policy_config: PolicyConfig) -> tuple[MultiAgentVectorEnv, dict[str, Policy]]:
+        assert config.policies is not None and callable(config.env)  # checked by RolloutConfig
+        env = MultiAgentVectorEnv(config.env, config.num_envs_per_worker, seed=config.seed,  # type: ignore[arg-type]
+                                  worker_index=self.worker_index, config=config.env_config)
+        probe = env.envs[0]
+        self.mapping = make_policy_mapping(config.policy_mapping_fn, list(config.policies), agent_ids=probe.agent_ids)
+        policies: dict[str, Policy] = {}
+        for pid, spec in config.policies.items():
+            agents = [a for a in probe.agent_ids if self.mapping(a) == pid]
+            if not agents:
+                raise ValueError(f"policy {pid!r} has no agent mapped to it (agents {list(probe.agent_ids)}); fix "
+                                 f"policy_mapping_fn or drop the policy")
+            own = spec.config or policy_config
+            if spec.config is not None and own.seed is not None:
+                own = dataclasses.replace(own, seed=_policy_seed(own.seed, self.worker_index))
+            policies[pid] = (spec.policy_class or policy_class)(
+                probe.observation_space(agents[0]), probe.action_space(agents[0]), own)
+        return env, policies
+
+    def _sample_multi_agent(self) -> MultiAgentBatch:
+        """One fragment of ``rollout_fragment_length`` env steps per env, split per policy."""
+        assert isinstance(self.env, MultiAgentVectorEnv) and self.mapping is not None
+        rows: dict[tuple[int, str], dict[str, list[Any]]] = {}
+        agent_index = {aid: k for k, aid in enumerate(self.env.envs[0].agent_ids)}
+        for _ in range(self.config.rollout_fragment_length):
+            by_policy: dict[str, list[tuple[int, str]]] = {}
+            for i, obs in enumerate(self._obs):
+                for aid in obs:
+                    by_policy.setdefault(self.mapping(aid), []).append((i, aid))
+            actions: list[dict[str, Any]] = [{} for _ in self._obs]
+            extras: dict[tuple[int, str], dict[str, Any]] = {}
+            for pid, keys in by_policy.items():
+                acts, extra = self.policy_map[pid].compute_actions(np.stack([self._obs[i][a] for i, a in keys]))
+                for row, (i, aid) in enumerate(keys):
+                    actions[i][aid] = acts[row]
+                    extras[(i, aid)] = {k: v[row] for k, v in extra.items()}
+            step = self.env.step(actions)
+            for i in range(self.env.num_envs):
+                ended = step.terminateds[i]["__all__"] or step.truncateds[i]["__all__"]
+                for aid, reward in step.rewards[i].items():
+                    if aid not in actions[i]:
+                        continue  # a reward for an agent that did not act this step has no transition
+                    term = bool(step.terminateds[i].get(aid, False) or step.terminateds[i]["__all__"])
+                    trunc = not term and bool(step.truncateds[i].get(aid, False) or step.truncateds[i]["__all__"])
+                    cols = rows.setdefault((i, aid), {})
+                    for key, value in ((OBS, self._obs[i][aid]), (ACTIONS, actions[i][aid]), (REWARDS, reward),
+                                       (TERMINATEDS, term), (TRUNCATEDS, trunc),
+                                       (NEXT_OBS, step.final_obs[i].get(aid, self._obs[i][aid])),
+                                       (EPS_ID, self._eps_id[i]), (T, self._ep_t[i]), (ENV_ID, i),
+                                       (AGENT_INDEX, agent_index.get(aid, -1)), *extras[(i, aid)].items()):
+                        cols.setdefault(key, []).append(value)
+                self._ep_t[i] += 1
+                if ended:
+                    self._eps_id[i], self._ep_t[i] = self._next_eps, 0
+                    self._next_eps += 1
+            self._episodes.extend(step.episodes)
+            self._obs = [obs if step.terminateds[i]["__all__"] or step.truncateds[i]["__all__"] else
+                         {a: o for a, o in obs.items()  # an agent that just finished acts no more
+                          if not (step.terminateds[i].get(a, False) or step.truncateds[i].get(a, False))}
+                         for i, obs in enumerate(step.obs)]
+        per_policy: dict[str, list[SampleBatch]] = {}
+        for (_, aid), cols in rows.items():
+            policy_id = self.mapping(aid)
+            batch = SampleBatch({k: np.asarray(v) for k, v in cols.items()})
+            for piece in batch.split_by_episode():
+                per_policy.setdefault(policy_id, []).append(self.policy_map[policy_id].postprocess_trajectory(piece))
+        return MultiAgentBatch({pid: SampleBatch.concat(b) for pid, b in per_policy.items()},
+                               self.config.sample_size)
+
+    def sample(self) -> AnyBatch:
+        """One fragment: ``rollout_fragment_length`` steps per env (truncate_episodes), or at least
+        that many ending on episode boundaries (complete_episodes), postprocessed per trajectory.
+        A multi-agent worker returns a MultiAgentBatch with one SampleBatch per policy that acted."""
+        if self.config.policies is not None:
+            return self._sample_multi_agent()
+        length = self.config.rollout_fragment_length
+        if self.config.batch_mode == "truncate_episodes":
+            pieces = [p for traj in self._step_chunk(length) for p in traj.split_by_episode()]
+            return SampleBatch.concat(self._postprocess(pieces))
+        done: list[SampleBatch] = []
+        while sum(b.count for b in done) < self.config.sample_size:
+            for i, traj in enumerate(self._step_chunk(length)):
+                self._pending[i].append(traj)
+                joined = SampleBatch.concat(self._pending[i])
+                ends = np.flatnonzero(joined[TERMINATEDS] | joined[TRUNCATEDS])
+                if len(ends):
+                    cut = int(ends[-1]) + 1
+                    done.extend(joined[:cut].split_by_episode())
+                    self._pending[i] = [joined[cut:]] if cut < joined.count else []
+                else:
+                    self._pending[i] = [joined]
+        return SampleBatch.concat(self._postprocess(done))
+
+    def get_metrics(self) -> list[EpisodeRecord]:
+        """The episodes finished since the last call."""
+        episodes, self._episodes = self._episodes, []
+        return episodes
+
+    # -- learning (the local worker) -------------------------------------------------------------
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
+        if policy_id not in self.policy_map:
+            raise ValueError(f"no policy {policy_id!r}; this worker has {sorted(self.policy_map)}")
+        return self.policy_map[policy_id]
+
+    def _policy_batches(self, batch: AnyBatch) -> dict[str, SampleBatch]:
+        return batch.as_multi_agent().policy_batches
+
+    def learn_on_batch(self, batch: AnyBatch) -> dict[str, dict[str, Any]]:
+        """Trains each policy to train on its part of ``batch``; ``{pid: {"learner_stats": ...}}``."""
+        return {pid: self.policy_map[pid].learn_on_batch(b) for pid, b in self._policy_batches(batch).items()
+                if pid in self.policies_to_train}
+
+    def compute_gradients(self, batch: AnyBatch) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
+        grads, infos = {}, {}
+        for pid, b in self._policy_batches(batch).items():
+            if pid in self.policies_to_train:
+                grads[pid], infos[pid] = self.policy_map[pid].compute_gradients(b)
+        return grads, infos
+
+    def apply_gradients(self, grads: Mapping[str, list[np.ndarray]]) -> None:
+        for pid, g in grads.items():
+            self.get_policy(pid).apply_gradients(g)
+
+    # -- weights and state -----------------------------------------------------------------------
+    def get_weights(self, policies: Sequence[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
+        return {pid: self.get_policy(pid).get_weights() for pid in (policies or list(self.policy_map))}
+
+    def set_weights(self, weights: Mapping[str, Mapping[str, np.ndarray]],
+                    global_vars: Mapping[str, Any] | None = None) -> None:
+        """Loads the weights of the policies present in ``weights`` (others keep theirs)."""
+        for pid, w in weights.items():
+            self.get_policy(pid).set_weights(w)
+        if global_vars is not None:
+            self.set_global_vars(global_vars)
+
+    def set_global_vars(self, global_vars: Mapping[str, Any]) -> None:
+        for policy in self.policy_map.values():
+            policy.on_global_var_update(global_vars)
+
+    def get_state(self) -> dict[str, Any]:
+        """Policies' state, the envs' state and RNG, and the episode bookkeeping (ids, steps, the
+        complete_episodes carry-over), as numpy and plain data: a restored worker samples on exactly
+        as this one would."""
+        return {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()}, "env": self.env.get_state(),
+                "next_eps": self._next_eps, "eps_id": self._eps_id.copy(), "ep_t": self._ep_t.copy(),
+                "pending": [[dict(b) for b in per_env] for per_env in self._pending]}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        for pid, s in state["policies"].items():
+            self.get_policy(pid).set_state(s)
+        self.env.set_state(state["env"])
+        self._obs = self.env.current_obs
+        self._next_eps = int(state["next_eps"])
+        self._eps_id, self._ep_t = np.array(state["eps_id"]), np.array(state["ep_t"])
+        self._pending = [[SampleBatch(b) for b in per_env] for per_env in state["pending"]]
+
+    def apply(self, fn: Callable[[RolloutWorker], R]) -> R:
+        """Calls ``fn(self)``: what ``WorkerSet.foreach_worker`` runs on each worker."""
+        return fn(self)
+
+    def ping(self) -> str:
+        return "ok"
+
+
+class WorkerSet:
+    """One local worker (the learner's replica, in the driver) plus ``config.num_workers`` remote ones.
+
+    Args:
+        policy_class: the policy every worker runs.
+        config: the rollout (and policy) config; remote workers ask Ray for ``num_cpus_per_worker``
+            and ``num_gpus_per_worker`` and are never restarted by Ray (``max_restarts=0``).
+    """
+
+    def __init__(self, *, policy_class: type[Policy], config: RolloutConfig) -> None:
+        self.config, self.policy_class = config, policy_class
+        self._local = RolloutWorker(policy_class=policy_class, config=config, worker_index=0)
+        self._remote: list[Any] = []
+        self._last_broadcast: list[Any] = []
+        if config.num_workers:
+            runtime.ensure_initialized()
+            self._check_resources()
+            self._remote = [self._make_remote(i + 1) for i in range(config.num_workers)]
+            self.sync_weights()
+
+    def _check_resources(self) -> None:
+        total = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it untyped
+        for name, per_worker in (("CPU", self.config.num_cpus_per_worker), ("GPU", self.config.num_gpus_per_worker)):
+            need = per_worker * self.config.num_workers
+            if need > total.get(name, 0):
+                raise ValueError(f"num_workers={self.config.num_workers} x {per_worker} {name} per worker needs "
+                                 f"{need} {name} but the Ray cluster has {total.get(name, 0)}; lower num_workers "
+                                 f"or num_{name.lower()}s_per_worker")
+
+    def _make_remote(self, worker_index: int) -> Any:
+        options = runtime.actor_options(num_cpus=self.config.num_cpus_per_worker,
+                                        num_gpus=self.config.num_gpus_per_worker)
+        return ray.remote(RolloutWorker).options(**options).remote(
+            policy_class=self.policy_class, config=self.config, worker_index=worker_index)
+
+    def local_worker(self) -> RolloutWorker:
+        return self._local
+
+    def remote_workers(self) -> list[Any]:
+        return list(self._remote)
+
+    def sync_weights(self, policies: Sequence[str] | None = None,
+                     global_vars: Mapping[str, Any] | None = None) -> None:
+        """One ``ray.put`` of the local weights, that reference sent to every remote worker (fire and
+        forget); the previous broadcast is checked without blocking, so a dead worker surfaces.
+        ``global_vars`` also reach the local worker."""
+        if global_vars is not None:
+            self._local.set_global_vars(global_vars)
+        if not self._remote:
+            return
+        ready, _ = ray.wait(self._last_broadcast, num_returns=len(self._last_broadcast), timeout=0)
+        ray.get(ready)  # raises the actor error of a recipient that died
+        ref = ray.put(self._local.get_weights(policies))
+        self._last_broadcast = [w.set_weights.remote(ref, global_vars) for w in self._remote]
+
+    def foreach_worker(self, fn: Callable[[RolloutWorker], R]) -> list[R]:
+        """``fn`` on the local worker, then on each remote worker, in order."""
+        return [fn(self._local), *ray.get([w.apply.remote(fn) for w in self._remote])]
+
+    def check_health(self, timeout_s: float = 30.0) -> list[int]:
+        """Positions in :meth:`remote_workers` of the workers that died or did not answer in time."""
+        pings = [w.ping.remote() for w in self._remote]
+        deadline, failed = time.monotonic() + timeout_s, []
+        for i, ref in enumerate(pings):
+            try:
+                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                failed.append(i)
+        return failed
+
+    def recreate_workers(self, indices: Sequence[int]) -> None:
+        """Replaces those workers (same index, seeds and resources) and sends them the current weights."""
+        for i in indices:
+            ray.kill(self._remote[i], no_restart=True)
+            self._remote[i] = self._make_remote(i + 1)
+        if indices:
+            ref = ray.put(self._local.get_weights())
+            ray.get([self._remote[i].set_weights.remote(ref) for i in indices])
+            self._last_broadcast = []
+
+    def remove_workers(self, indices: Sequence[int]) -> None:
+        """Terminates those workers and drops them from the set."""
+        for i in sorted(set(indices), reverse=True):
+            ray.kill(self._remote.pop(i), no_restart=True)
+        self._last_broadcast = []
+
+    def reset(self, new_remote_workers: list[Any]) -> None:
+        """Replaces the remote workers with ``new_remote_workers`` (the old ones are not killed)."""
+        self._remote, self._last_broadcast = list(new_remote_workers), []
+
+    def stop(self) -> None:
+        """Terminates every remote worker."""
+        for w in self._remote:
+            ray.kill(w, no_restart=True)
+        self._remote, self._last_broadcast = [], []
