@@ -15,46 +15,17 @@ Examples:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
-
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
+from flowrl.config import ModelConfig
+
 __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
            "DiagGaussian", "dist_class_for"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """The network of a policy.
-
-    Attributes:
-        hidden_sizes: widths of the fully connected layers (after the CNN for images).
-        activation: ``"tanh"``, ``"relu"`` or ``"elu"``.
-        vf_share_layers: one trunk for policy and value (True) or a separate value network (False).
-        conv_filters: ``(out_channels, kernel, stride)`` per conv layer, for image observations.
-        free_log_std: Gaussian log-std as a state-independent parameter (True) or a network output.
-    """
-
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: Literal["tanh", "relu", "elu"] = "tanh"
-    vf_share_layers: bool = False
-    conv_filters: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
-    free_log_std: bool = True
-
-    def __post_init__(self) -> None:
-        if not all(isinstance(h, int) and h > 0 for h in self.hidden_sizes):
-            raise ValueError(f"ModelConfig.hidden_sizes={self.hidden_sizes!r} must be positive ints, e.g. (64, 64)")
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"ModelConfig.activation={self.activation!r}; use one of {sorted(_ACTIVATIONS)}")
-        for f in self.conv_filters:
-            if len(f) != 3 or not all(isinstance(x, int) and x > 0 for x in f):
-                raise ValueError(f"ModelConfig.conv_filters entry {f!r} must be (out_channels, kernel, stride)")
 
 
 def _mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:

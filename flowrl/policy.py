@@ -14,51 +14,20 @@ Examples:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from flowrl.models import ActionDistribution, ModelConfig, dist_class_for, make_model
+from flowrl.config import PolicyConfig
+from flowrl.models import ActionDistribution, dist_class_for, make_model
 from flowrl.sample_batch import ACTION_DIST_INPUTS, LOGP, VF_PREDS, SampleBatch
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
-
-
-@dataclass(frozen=True, kw_only=True)
-class PolicyConfig:
-    """Settings every policy has; algorithm configs extend it.
-
-    Attributes:
-        model: the network (:class:`flowrl.models.ModelConfig`).
-        lr: Adam learning rate.
-        grad_clip: max global gradient norm, or ``None`` for no clipping.
-        gamma: discount factor.
-        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` for the model and the learner.
-        seed: seeds model initialisation, action sampling and minibatch order; ``None`` is random.
-    """
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    lr: float = 5e-4
-    grad_clip: float | None = None
-    gamma: float = 0.99
-    device: str = "cpu"
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip={self.grad_clip} must be > 0, or None to disable clipping")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma={self.gamma} must be in [0, 1]")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"device={self.device!r}; use 'cpu', 'cuda' or 'cuda:N'")
 
 
 def _check_device(device: str) -> torch.device:

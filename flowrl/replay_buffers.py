@@ -40,8 +40,9 @@ import numpy.typing as npt
 
 from flowrl import runtime  # first: sets Ray's loopback variable before anything imports ray
 from flowrl.iter import ParallelIteratorWorker
-from flowrl.sample_batch import (BATCH_INDEXES, DEFAULT_POLICY_ID, EPS_ID, OBS, PRIORITIES, REWARDS, T,
-                                 WEIGHTS, AnyBatch, MultiAgentBatch, SampleBatch)
+from flowrl.sample_batch import (BATCH_INDEXES, EPS_ID, PRIORITIES, T, WEIGHTS, AnyBatch, MultiAgentBatch,
+                                 SampleBatch)
+from flowrl.sample_batch import DEFAULT_POLICY_ID, OBS, REWARDS  # noqa: F401  (the examples above use them)
 
 import ray  # noqa: E402  (after flowrl.runtime, which sets Ray's environment first)
 from ray.actor import ActorHandle  # noqa: E402

@@ -18,107 +18,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import ray
 import torch
 
 from flowrl import runtime
-from flowrl.envs import (EnvSpec, EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
+from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
+from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
                          make_policy_mapping)
 from flowrl.iter import ParallelIteratorWorker
-from flowrl.policy import Policy, PolicyConfig
+from flowrl.policy import Policy
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
 __all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet"]
 
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, kw_only=True)
-class PolicySpec:
-    """One policy of a multi-agent setup.
-
-    Attributes:
-        policy_class: its Policy class (``None``: the worker's ``policy_class``).
-        config: its own policy config (``None``: the worker's config).
-    """
-
-    policy_class: type[Policy] | None = None
-    config: PolicyConfig | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutConfig(PolicyConfig):
-    """Where and how experience is collected; algorithm configs extend it.
-
-    Attributes:
-        env: a gymnasium id or a callable ``EnvContext -> gymnasium.Env``.
-        env_config: keyword arguments for the env (passed to ``gymnasium.make`` for an id).
-        num_workers: remote rollout workers (0: sample in the driver).
-        num_envs_per_worker: envs stepped together by each worker (one batched policy call per step).
-        rollout_fragment_length: steps per env in one ``sample()``.
-        batch_mode: ``"truncate_episodes"`` (exactly ``fragment x envs`` steps) or
-            ``"complete_episodes"`` (at least that many, ending on episode boundaries).
-        num_cpus_per_worker / num_gpus_per_worker: what each remote worker asks Ray for.
-        vector_backend: how a worker steps its envs (see :class:`flowrl.envs.VectorEnv`).
-        policies: multi-agent only: policy id -> :class:`PolicySpec`; ``env`` must then be a callable
-            returning a :class:`flowrl.envs.MultiAgentEnv`. ``None`` is single-agent.
-        policy_mapping_fn: agent id -> policy id, as a dict or a callable (see
-            :func:`flowrl.envs.make_policy_mapping`).
-        policies_to_train: the policies that learn (``None``: all).
-    """
-
-    env: EnvSpec = "CartPole-v1"
-    env_config: Mapping[str, Any] = field(default_factory=dict)
-    num_workers: int = 0
-    num_envs_per_worker: int = 1
-    rollout_fragment_length: int = 200
-    batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
-    num_cpus_per_worker: float = 1
-    num_gpus_per_worker: float = 0
-    vector_backend: Literal["auto", "loop", "gymnasium"] = "auto"
-    policies: Mapping[str, PolicySpec] | None = None
-    policy_mapping_fn: Callable[[str], str] | Mapping[str, str] | None = None
-    policies_to_train: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.policies is not None:
-            if not self.policies or not all(isinstance(v, PolicySpec) for v in self.policies.values()):
-                raise ValueError(f"policies={self.policies!r} must map policy ids to PolicySpec(...) entries")
-            if not callable(self.env):
-                raise ValueError(f"env={self.env!r}: a multi-agent config needs a callable EnvContext -> "
-                                 f"MultiAgentEnv, e.g. MultiAgentCartPole.from_context")
-            if self.batch_mode != "truncate_episodes":
-                raise ValueError(f"batch_mode={self.batch_mode!r} is not supported with multi-agent policies yet; "
-                                 f"use 'truncate_episodes'")
-            make_policy_mapping(self.policy_mapping_fn, list(self.policies))  # targets checked now
-        if self.policies_to_train is not None:
-            known = set(self.policies) if self.policies is not None else {DEFAULT_POLICY_ID}
-            unknown = sorted(set(self.policies_to_train) - known)
-            if unknown:
-                raise ValueError(f"policies_to_train names unknown policies {unknown}; known: {sorted(known)}")
-        for name in ("rollout_fragment_length", "num_envs_per_worker"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int (steps per env per sample / envs "
-                                 f"per worker)")
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ValueError(f"num_workers={self.num_workers!r} must be an int >= 0 (0 samples in the driver)")
-        if self.batch_mode not in ("truncate_episodes", "complete_episodes"):
-            raise ValueError(f"batch_mode={self.batch_mode!r}; use 'truncate_episodes' or 'complete_episodes'")
-        if self.num_cpus_per_worker < 0 or self.num_gpus_per_worker < 0:
-            raise ValueError(f"num_cpus_per_worker={self.num_cpus_per_worker} and num_gpus_per_worker="
-                             f"{self.num_gpus_per_worker} must be >= 0")
-
-    @property
-    def sample_size(self) -> int:
-        """R: one worker's sample size, ``rollout_fragment_length x num_envs_per_worker``."""
-        return self.rollout_fragment_length * self.num_envs_per_worker
 
 
 def _policy_seed(seed: int | None, worker_index: int) -> int | None:
@@ -297,9 +214,18 @@ class RolloutWorker(ParallelIteratorWorker):
         return SampleBatch.concat(self._postprocess(done))
 
     def get_metrics(self) -> list[EpisodeRecord]:
-        """The episodes finished since the last call."""
+        """The episodes finished since the last call, with ``policy_returns`` filled in."""
         episodes, self._episodes = self._episodes, []
-        return episodes
+        return [dataclasses.replace(ep, policy_returns=self._policy_returns(ep)) for ep in episodes]
+
+    def _policy_returns(self, ep: EpisodeRecord) -> dict[str, float]:
+        if self.mapping is None:
+            return {DEFAULT_POLICY_ID: ep.episode_return}
+        returns: dict[str, float] = {}
+        for aid, ret in ep.agent_returns.items():
+            pid = self.mapping(aid)
+            returns[pid] = returns.get(pid, 0.0) + ret
+        return returns
 
     # -- learning (the local worker) -------------------------------------------------------------
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
@@ -374,13 +300,16 @@ class WorkerSet:
         policy_class: the policy every worker runs.
         config: the rollout (and policy) config; remote workers ask Ray for ``num_cpus_per_worker``
             and ``num_gpus_per_worker`` and are never restarted by Ray (``max_restarts=0``).
+        worker_class: the worker to run (tests pass :class:`flowrl.testing.FakeWorker`); it is built as
+            ``worker_class(policy_class=..., config=..., worker_index=...)``.
     """
 
-    def __init__(self, *, policy_class: type[Policy], config: RolloutConfig) -> None:
-        self.config, self.policy_class = config, policy_class
-        self._local = RolloutWorker(policy_class=policy_class, config=config, worker_index=0)
+    def __init__(self, *, policy_class: type[Policy] | None, config: RolloutConfig,
+                 worker_class: type[Any] = RolloutWorker) -> None:
+        self.config, self.policy_class, self.worker_class = config, policy_class, worker_class
+        self._local = worker_class(policy_class=policy_class, config=config, worker_index=0)
         self._remote: list[Any] = []
-        self._last_broadcast: list[Any] = []
+        self._outstanding: list[Any] = []
         if config.num_workers:
             runtime.ensure_initialized()
             self._check_resources()
@@ -399,28 +328,42 @@ class WorkerSet:
     def _make_remote(self, worker_index: int) -> Any:
         options = runtime.actor_options(num_cpus=self.config.num_cpus_per_worker,
                                         num_gpus=self.config.num_gpus_per_worker)
-        return ray.remote(RolloutWorker).options(**options).remote(
+        return ray.remote(self.worker_class).options(**options).remote(
             policy_class=self.policy_class, config=self.config, worker_index=worker_index)
 
-    def local_worker(self) -> RolloutWorker:
+    def local_worker(self) -> Any:
+        """The learner's replica in the driver (a :class:`RolloutWorker` unless ``worker_class`` says otherwise)."""
         return self._local
 
     def remote_workers(self) -> list[Any]:
         return list(self._remote)
 
+    def put_weights(self, policies: Sequence[str] | None = None) -> Any:
+        """One ``ray.put`` of the local worker's weights (of ``policies``; ``None``: all)."""
+        return ray.put(self._local.get_weights(policies))
+
+    def send_weights(self, ref: Any, to: Sequence[Any] | None = None,
+                     global_vars: Mapping[str, Any] | None = None) -> None:
+        """Sends the weights ``ref`` (from :meth:`put_weights`) to the actors ``to`` (``None``: every remote
+        worker) with ``global_vars``, fire and forget; the local worker gets the global vars.
+
+        Earlier sends are checked without blocking first, so a recipient that died raises its actor
+        error here, within one round (SEMANTICS.md §3.0, the weight broadcast rule)."""
+        if global_vars is not None:
+            self._local.set_global_vars(global_vars)
+        ready, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
+        ray.get(ready)  # raises the actor error of a recipient that died
+        self._outstanding += [w.set_weights.remote(ref, global_vars) for w in (self._remote if to is None else to)]
+
     def sync_weights(self, policies: Sequence[str] | None = None,
                      global_vars: Mapping[str, Any] | None = None) -> None:
         """One ``ray.put`` of the local weights, that reference sent to every remote worker (fire and
-        forget); the previous broadcast is checked without blocking, so a dead worker surfaces.
-        ``global_vars`` also reach the local worker."""
-        if global_vars is not None:
-            self._local.set_global_vars(global_vars)
+        forget); ``global_vars`` also reach the local worker."""
         if not self._remote:
+            if global_vars is not None:
+                self._local.set_global_vars(global_vars)
             return
-        ready, _ = ray.wait(self._last_broadcast, num_returns=len(self._last_broadcast), timeout=0)
-        ray.get(ready)  # raises the actor error of a recipient that died
-        ref = ray.put(self._local.get_weights(policies))
-        self._last_broadcast = [w.set_weights.remote(ref, global_vars) for w in self._remote]
+        self.send_weights(self.put_weights(policies), global_vars=global_vars)
 
     def foreach_worker(self, fn: Callable[[RolloutWorker], R]) -> list[R]:
         """``fn`` on the local worker, then on each remote worker, in order."""
@@ -445,20 +388,20 @@ class WorkerSet:
         if indices:
             ref = ray.put(self._local.get_weights())
             ray.get([self._remote[i].set_weights.remote(ref) for i in indices])
-            self._last_broadcast = []
+            self._outstanding = []
 
     def remove_workers(self, indices: Sequence[int]) -> None:
         """Terminates those workers and drops them from the set."""
         for i in sorted(set(indices), reverse=True):
             ray.kill(self._remote.pop(i), no_restart=True)
-        self._last_broadcast = []
+        self._outstanding = []
 
     def reset(self, new_remote_workers: list[Any]) -> None:
         """Replaces the remote workers with ``new_remote_workers`` (the old ones are not killed)."""
-        self._remote, self._last_broadcast = list(new_remote_workers), []
+        self._remote, self._outstanding = list(new_remote_workers), []
 
     def stop(self) -> None:
         """Terminates every remote worker."""
         for w in self._remote:
             ray.kill(w, no_restart=True)
-        self._remote, self._last_broadcast = [], []
+        self._remote, self._outstanding = [], []

@@ -196,10 +196,11 @@ class EpisodeRecord:
         episode_length: env steps in the episode.
         agent_returns: agent id -> that agent's return; empty for a single-agent env.
         custom_metrics: user metrics for the episode (name -> value); empty by default.
+        policy_returns: policy id -> the summed return of its agents; the rollout worker fills it.
 
     Examples:
         >>> EpisodeRecord(env_index=0, episode_return=12.0, episode_length=12)
-        EpisodeRecord(env_index=0, episode_return=12.0, episode_length=12, agent_returns={}, custom_metrics={})
+        EpisodeRecord(env_index=0, episode_return=12.0, episode_length=12, agent_returns={}, custom_metrics={}, policy_returns={})
     """
 
     env_index: int
@@ -207,3 +208,4 @@ class EpisodeRecord:
     episode_length: int
     agent_returns: dict[str, float] = field(default_factory=dict)
     custom_metrics: dict[str, float] = field(default_factory=dict)
+    policy_returns: dict[str, float] = field(default_factory=dict)
