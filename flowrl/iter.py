@@ -493,6 +493,17 @@ class LocalIterator(Generic[T]):
         """The dataflow's shared metrics context."""
         return self._cell.flow.metrics
 
+    def named(self, name: str) -> LocalIterator[T]:
+        """The same stream (same stages, same metrics) under a new name: for sources built by
+        composition, e.g. ``ParallelRollouts(bulk_sync)``.
+
+        Examples:
+            >>> iter_list([1, 2]).for_each(lambda x: x).named("Two")
+            LocalIterator[Two]
+        """
+        return LocalIterator(self._source, name, cell=self._cell, stages=self._stages,
+                             has_duplicate=self._has_duplicate)
+
     def on_close(self, fn: Callable[[], Any]) -> LocalIterator[T]:
         """Registers a zero-argument callback run by :meth:`close` (newest first); returns ``self``."""
         if not callable(fn):
