@@ -69,6 +69,9 @@ class PolicyConfig:
         gamma: discount factor.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` for the model and the learner.
         seed: seeds model initialisation, action sampling and minibatch order; ``None`` is random.
+        numpy_acting: on the CPU, compute actions through a numpy mirror of an MLP model (the same
+            distributions, several times faster for the small batches a rollout worker acts on);
+            ``False`` always acts through torch.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -77,6 +80,7 @@ class PolicyConfig:
     gamma: float = 0.99
     device: str = "cpu"
     seed: int | None = None
+    numpy_acting: bool = True
 
     def __post_init__(self) -> None:
         if not self.lr > 0:

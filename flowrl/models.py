@@ -15,6 +15,7 @@ Examples:
 from __future__ import annotations
 
 import math
+from typing import Callable
 import gymnasium as gym
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ from torch import nn
 from flowrl.config import ModelConfig
 
 __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
-           "DiagGaussian", "dist_class_for"]
+           "DiagGaussian", "dist_class_for", "NumpyActing"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -70,6 +71,7 @@ class ActorCriticModel(nn.Module):
                  extra_free_params: int = 0) -> None:
         super().__init__()
         act = _ACTIVATIONS[config.activation]
+        self.activation_name = config.activation
         shape = tuple(obs_space.shape)
         self.encoder: nn.Module
         if len(shape) == 3:
@@ -207,3 +209,107 @@ def make_model(obs_space: gym.Space[object], action_space: gym.Space[object], co
         half = num_outputs // 2
         return ActorCriticModel(obs_space, half, config, extra_free_params=half)
     return ActorCriticModel(obs_space, num_outputs, config)
+
+
+_NP_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0, out=x),
+    "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
+}
+
+
+def _block_diag(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.zeros((a.shape[0] + b.shape[0], a.shape[1] + b.shape[1]), a.dtype)
+    out[:a.shape[0], :a.shape[1]], out[a.shape[0]:, a.shape[1]:] = a, b
+    return out
+
+
+class NumpyActing:
+    """Acting with an MLP :class:`ActorCriticModel` in numpy, for small CPU batches.
+
+    A rollout worker computes actions for a few envs at a time, where torch's per-op dispatch (tens
+    of microseconds per forward pass) costs more than the arithmetic. This mirror reads the model's
+    parameters as numpy views and checks their torch version counters on every call, so any in-place
+    update (an optimizer step, ``load_state_dict``) is seen at once; nothing is ever stale.
+    :meth:`build` returns ``None`` for a model it cannot mirror exactly (a CNN, a subclass, a GPU).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> model = make_model(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), ModelConfig(hidden_sizes=(8,)))
+        >>> fast = NumpyActing.build(model, Categorical)
+        >>> obs = np.ones((3, 4), np.float32)
+        >>> logits, values = fast.forward(obs)
+        >>> bool(np.allclose(logits, model(torch.as_tensor(obs))[0].detach().numpy(), atol=1e-6))
+        True
+    """
+
+    def __init__(self, model: ActorCriticModel, dist_class: type[ActionDistribution], activation: str) -> None:
+        self.model, self.dist_class = model, dist_class
+        self.activation = _NP_ACTIVATIONS[activation]
+        self.params = list(model.parameters())
+        self._versions: tuple[int, ...] = ()
+        self._layers: list[tuple[np.ndarray, np.ndarray]] = []  # fused [pi | vf] layers, then the heads
+
+    @staticmethod
+    def build(model: nn.Module, dist_class: type[ActionDistribution]) -> NumpyActing | None:
+        """A numpy mirror of ``model``, or ``None`` if it is not a plain MLP ActorCriticModel on the CPU."""
+        if type(model) is not ActorCriticModel or not isinstance(model.encoder, nn.Flatten):
+            return None
+        if dist_class not in (Categorical, DiagGaussian) or any(p.device.type != "cpu" for p in model.parameters()):
+            return None
+        if model.vf_trunk is not None and max(m.out_features for m in model.modules() if isinstance(m, nn.Linear)) > 128:
+            return None  # side-by-side trunks double the work of wide layers; torch is as fast there
+        return NumpyActing(model, dist_class, model.activation_name)
+
+    def _refresh(self) -> None:
+        versions = tuple(p._version for p in self.params)
+        if versions == self._versions:
+            return
+        model = self.model
+
+        def linears(seq: nn.Module | None) -> list[tuple[np.ndarray, np.ndarray]]:
+            return [] if seq is None else [(m.weight.detach().numpy().T, m.bias.detach().numpy())
+                                           for m in seq.modules() if isinstance(m, nn.Linear)]
+
+        pi, vf, heads = linears(model.pi_trunk), linears(model.vf_trunk), linears(model.pi_head) + linears(model.vf_head)
+        if vf:  # separate trunks side by side: [pi | vf] features through block-diagonal layers
+            fused = [(np.concatenate([pi[0][0], vf[0][0]], 1), np.concatenate([pi[0][1], vf[0][1]]))]
+            fused += [(_block_diag(p[0], v[0]), np.concatenate([p[1], v[1]])) for p, v in zip(pi[1:], vf[1:])]
+            head_w = _block_diag(heads[0][0], heads[1][0])
+        else:
+            fused, head_w = pi, np.concatenate([heads[0][0], heads[1][0]], 1)
+        self._layers = [*fused, (head_w, np.concatenate([heads[0][1], heads[1][1]]))]
+        self._versions = versions
+
+    def forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(action_dist_inputs [B, A], values [B])`` as float32, equal to the model's forward."""
+        self._refresh()
+        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
+        for w, b in self._layers[:-1]:
+            x = self.activation(x @ w + b)
+        w, b = self._layers[-1]
+        out = x @ w + b
+        dist_inputs = out[:, :-1]
+        if self.model.free_params is not None:
+            free = self.model.free_params.detach().numpy()
+            dist_inputs = np.concatenate([dist_inputs, np.broadcast_to(free, (len(x), len(free)))], axis=1)
+        return dist_inputs, out[:, -1]
+
+    def compute_actions(self, obs: np.ndarray, rng: np.random.Generator,
+                        explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(actions, logp, values, dist_inputs)`` with the same distributions as the torch classes."""
+        dist_inputs, values = self.forward(obs)
+        if self.dist_class is Categorical:
+            if explore:  # Gumbel-max: the argmax of logits + Gumbel noise is a categorical draw
+                u = np.maximum(rng.random(dist_inputs.shape, dtype=np.float32), np.float32(1e-20))
+                actions = np.argmax(dist_inputs - np.log(-np.log(u)), axis=1)
+            else:
+                actions = np.argmax(dist_inputs, axis=1)
+            z = dist_inputs - dist_inputs.max(axis=1, keepdims=True)
+            logp = z[np.arange(len(z)), actions] - np.log(np.exp(z).sum(axis=1))
+            return actions.astype(np.int64), logp, values, dist_inputs
+        mean, log_std = np.split(dist_inputs, 2, axis=1)
+        std = np.exp(log_std)
+        actions = mean + std * rng.standard_normal(mean.shape, dtype=np.float32) if explore else mean.copy()
+        z = (actions - mean) / std
+        logp = (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(axis=1)
+        return actions, logp.astype(np.float32), values, dist_inputs

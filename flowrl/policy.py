@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from flowrl.config import PolicyConfig
-from flowrl.models import ActionDistribution, dist_class_for, make_model
+from flowrl.models import ActionDistribution, NumpyActing, dist_class_for, make_model
 from flowrl.sample_batch import ACTION_DIST_INPUTS, LOGP, VF_PREDS, SampleBatch
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch"]
@@ -85,19 +85,30 @@ class Policy:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed if config.seed is not None else int(torch.seed() % 2**63))
         self.np_random = np.random.default_rng(config.seed)  # minibatch order and other numpy draws
+        self.act_random = np.random.default_rng(None if config.seed is None else [config.seed, 1])  # numpy acting
+        self.numpy_acting = NumpyActing.build(self.model, self.dist_class) if config.numpy_acting else None
         self.global_timestep = 0
 
     # -- acting -----------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(obs, device=self.device)
 
-    @torch.no_grad()
     def compute_actions(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for a batch of observations ``[B, ...]``, in one forward pass and one sampling call.
+
+        An MLP model on the CPU acts through its numpy mirror (see ``PolicyConfig.numpy_acting``).
 
         Returns:
             ``(actions [B, ...], extras)`` with ``logp``, ``vf_preds`` and ``action_dist_inputs`` per row.
         """
+        fast = self.numpy_acting
+        if fast is not None and fast.model is self.model:  # a subclass may have swapped the model
+            actions, logp, values, dist_inputs = fast.compute_actions(obs, self.act_random, explore)
+            return actions, {LOGP: logp, VF_PREDS: values, ACTION_DIST_INPUTS: dist_inputs}
+        return self._compute_actions_torch(obs, explore)
+
+    @torch.no_grad()
+    def _compute_actions_torch(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         dist_inputs, values = self.model(self._obs_tensor(obs))
         dist = self.dist_class(dist_inputs)
         actions = dist.sample(self.generator) if explore else dist.deterministic_sample()
@@ -192,7 +203,8 @@ class Policy:
         """Weights, optimizer state, RNG states and the global timestep, as numpy and plain data."""
         return {"weights": self.get_weights(), "optimizer": _to_numpy_tree(self.optimizer.state_dict()),
                 "torch_rng": self.generator.get_state().numpy().copy(),
-                "numpy_rng": self.np_random.bit_generator.state, "global_timestep": self.global_timestep}
+                "numpy_rng": self.np_random.bit_generator.state, "act_rng": self.act_random.bit_generator.state,
+                "global_timestep": self.global_timestep}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`get_state` output."""
@@ -200,6 +212,7 @@ class Policy:
         self.optimizer.load_state_dict(_to_torch_tree(state["optimizer"]))
         self.generator.set_state(torch.as_tensor(np.asarray(state["torch_rng"], dtype=np.uint8)))
         self.np_random.bit_generator.state = state["numpy_rng"]
+        self.act_random.bit_generator.state = state["act_rng"]
         self.global_timestep = int(state["global_timestep"])
 
     def on_global_var_update(self, global_vars: Mapping[str, Any]) -> None:

@@ -171,3 +171,60 @@ def test_policy_learns_on_cuda_and_returns_cpu_numpy() -> None:
     cpu = make_policy()
     cpu.set_weights(policy.get_weights())
     cpu.set_state(policy.get_state())
+
+
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (2,), np.float32)])
+@pytest.mark.parametrize("model", [ModelConfig(hidden_sizes=(16, 8)), ModelConfig(hidden_sizes=(16,), activation="relu",
+                                                                                   vf_share_layers=True),
+                                   ModelConfig(hidden_sizes=(8, 8), activation="elu", free_log_std=False)])
+def test_numpy_acting_mirrors_the_torch_model_through_learning_and_set_weights(
+        action_space: gym.Space[Any], model: ModelConfig) -> None:
+    policy = ReinforcePolicy(BOX4, action_space, PolicyConfig(seed=3, model=model, lr=0.05))
+    fast = policy.numpy_acting
+    assert fast is not None
+    obs = np.random.default_rng(0).uniform(-1, 1, (6, 4)).astype(np.float32)
+
+    def assert_mirrors() -> None:
+        with torch.no_grad():
+            ref_inputs, ref_values = policy.model(torch.as_tensor(obs))
+        inputs, values = fast.forward(obs)
+        np.testing.assert_allclose(inputs, ref_inputs.numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(values, ref_values.numpy(), rtol=1e-5, atol=1e-6)
+        actions, extras = policy.compute_actions(obs)
+        ref_logp = policy.dist_class(ref_inputs).logp(torch.as_tensor(actions)).numpy()
+        np.testing.assert_allclose(extras["logp"], ref_logp, rtol=1e-5, atol=1e-5)
+        assert actions.dtype == (np.int64 if isinstance(action_space, gym.spaces.Discrete) else np.float32)
+
+    assert_mirrors()
+    before = fast.forward(obs)[0].copy()
+    policy.learn_on_batch(batch_for(policy))  # an in-place optimizer step: the mirror must see it
+    assert not np.allclose(fast.forward(obs)[0], before)
+    assert_mirrors()
+    other = ReinforcePolicy(BOX4, action_space, PolicyConfig(seed=99, model=model))
+    policy.set_weights(other.get_weights())
+    assert_mirrors()
+
+
+def test_numpy_acting_samples_the_categorical_distribution() -> None:
+    policy = make_policy(gym.spaces.Discrete(3))
+    assert policy.numpy_acting is not None
+    obs = np.zeros((20000, 4), np.float32)
+    actions, extras = policy.compute_actions(obs)
+    probs = np.exp(extras["logp"][[int(np.flatnonzero(actions == a)[0]) for a in range(3)]])
+    freq = np.bincount(actions, minlength=3) / len(actions)
+    np.testing.assert_allclose(freq, probs, atol=0.015)  # 20000 draws: sd < 0.0036
+    greedy, _ = policy.compute_actions(obs[:2], explore=False)
+    assert greedy.tolist() == [int(np.argmax(probs))] * 2
+
+
+def test_numpy_acting_is_seeded_restorable_and_optional() -> None:
+    a, b = make_policy(), make_policy()
+    obs = np.random.default_rng(1).uniform(-1, 1, (16, 4)).astype(np.float32)
+    assert np.array_equal(a.compute_actions(obs)[0], b.compute_actions(obs)[0])
+    state = a.get_state()
+    first = a.compute_actions(obs)[0]
+    b.set_state(state)
+    assert np.array_equal(b.compute_actions(obs)[0], first)
+    assert make_policy(numpy_acting=False).numpy_acting is None
+    wide = ModelConfig(hidden_sizes=(256, 256))
+    assert ReinforcePolicy(BOX4, gym.spaces.Discrete(2), PolicyConfig(model=wide)).numpy_acting is None
