@@ -81,9 +81,17 @@ class SampleBatch(dict[str, np.ndarray]):
             break
         super().__setitem__(key, array)
 
+    @classmethod
+    def _of_checked(cls, columns: dict[str, np.ndarray]) -> SampleBatch:
+        """A batch of columns already known to be equal-length arrays (rows of existing batches):
+        skips the per-column checks, which dominate slicing small trajectory pieces."""
+        batch = cls()
+        dict.update(batch, columns)
+        return batch
+
     def __getitem__(self, key: Any) -> Any:  # a slice selects rows
         if isinstance(key, slice):
-            return SampleBatch({k: v[key] for k, v in self.items()})
+            return SampleBatch._of_checked({k: v[key] for k, v in self.items()})
         return super().__getitem__(key)
 
     @property
@@ -102,12 +110,12 @@ class SampleBatch(dict[str, np.ndarray]):
 
     def copy(self) -> SampleBatch:
         """A deep copy of every column."""
-        return SampleBatch({k: v.copy() for k, v in self.items()})
+        return SampleBatch._of_checked({k: v.copy() for k, v in self.items()})
 
     def rows(self, indices: np.ndarray | Sequence[int]) -> SampleBatch:
         """The rows at ``indices``, in that order."""
         idx = np.asarray(indices, dtype=np.int64)
-        return SampleBatch({k: v[idx] for k, v in self.items()})
+        return SampleBatch._of_checked({k: v[idx] for k, v in self.items()})
 
     def shuffle(self, seed: int | np.random.Generator | None = None) -> SampleBatch:
         """A new batch with the rows permuted (the same permutation for every column)."""
@@ -148,7 +156,7 @@ class SampleBatch(dict[str, np.ndarray]):
         for b in batches[1:]:
             if set(b) != keys:
                 raise ValueError(f"SampleBatch.concat(): column sets differ: {sorted(keys)} vs {sorted(b)}")
-        return SampleBatch({k: np.concatenate([b[k] for b in batches]) for k in batches[0]})
+        return SampleBatch._of_checked({k: np.concatenate([dict.__getitem__(b, k) for b in batches]) for k in batches[0]})
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SampleBatch):
