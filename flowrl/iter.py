@@ -657,7 +657,7 @@ def _union_quotas(n: int, deterministic: bool,
     """(blocking pull?, weight) per input: weight 1 unweighted, a number, or "*"."""
     if weights is None:
         return [(deterministic, 1)] * n
-    if isinstance(weights, (str, bytes)) or len(weights) != n:
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or len(weights) != n:
         raise ValueError(f"round_robin_weights={weights!r} must have one entry per input ({n})")
     for w in weights:
         ok = w == "*" or (isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w > 0)

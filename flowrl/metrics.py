@@ -33,7 +33,9 @@ __all__ = [
     "PPO_AGENT_STEPS_TRAINED_COUNTER", "DQN_AGENT_STEPS_TRAINED_COUNTER",
     "SAMPLE_TIMER", "WORKER_UPDATE_TIMER", "GRAD_WAIT_TIMER", "APPLY_GRADS_TIMER",
     "LEARN_ON_BATCH_TIMER", "LOAD_BATCH_TIMER", "COMPUTE_GRADS_TIMER", "TARGET_NET_UPDATE_TIMER",
-    "LEARNER_INFO", "LEARNER_STATS_KEY", "CUSTOM_METRICS",
+    "LEARNER_DEQUEUE_TIMER", "LEARNER_GRAD_TIMER", "LEARNER_OVERALL_TIMER", "LEARNER_LOAD_TIMER",
+    "LEARNER_LOAD_WAIT_TIMER",
+    "LEARNER_INFO", "LEARNER_STATS_KEY", "CUSTOM_METRICS", "LEARNER_QUEUE_INFO", "TIMING_BREAKDOWN_INFO",
 ]
 
 # Counters (SEMANTICS.md §1.6). Operators import these; nobody spells a key as a free string.
@@ -59,11 +61,20 @@ LEARN_ON_BATCH_TIMER = "learn"
 LOAD_BATCH_TIMER = "load"
 COMPUTE_GRADS_TIMER = "compute_grads"
 TARGET_NET_UPDATE_TIMER = "target_net_update"
+# Learner-thread timers (flowrl.ops.concurrency): Ape-X exposes the first three as plan timers (§1.6);
+# every learner thread reports them as ``<key>_time_ms`` under ``info["timing_breakdown"]`` (§3.4).
+LEARNER_DEQUEUE_TIMER = "learner_dequeue"
+LEARNER_GRAD_TIMER = "learner_grad"
+LEARNER_OVERALL_TIMER = "learner_overall"
+LEARNER_LOAD_TIMER = "learner_load"
+LEARNER_LOAD_WAIT_TIMER = "learner_load_wait"
 
 # Info keys.
 LEARNER_INFO = "learner"
 LEARNER_STATS_KEY = "learner_stats"
 CUSTOM_METRICS = "custom_metrics"
+LEARNER_QUEUE_INFO = "learner_queue"  # learner in-queue size statistics (add_learner_metrics)
+TIMING_BREAKDOWN_INFO = "timing_breakdown"  # learner-thread timers in ms (add_learner_metrics)
 
 
 class Timer:

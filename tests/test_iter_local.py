@@ -167,7 +167,7 @@ def test_fractional_weight_gives_its_mean_pulls_per_round() -> None:
 
 
 @pytest.mark.parametrize("weights", [[1], [1, 2, 3], [0, 1], [-1, 1], [1, float("nan")], [1, "+"],
-                                     [1, True], "**", [float("inf"), 1]])
+                                     [1, True], "**", [float("inf"), 1], 3, {1, 2}])
 def test_invalid_round_robin_weights_raise(weights: Any) -> None:
     with pytest.raises(ValueError, match="round_robin_weights"):
         iter_list([1]).union(iter_list([2]), round_robin_weights=weights)
