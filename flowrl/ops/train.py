@@ -28,7 +28,7 @@ import torch
 
 from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, APPLY_GRADS_TIMER, COMPUTE_GRADS_TIMER, LAST_TARGET_UPDATE_TS,
                             LEARN_ON_BATCH_TIMER, LEARNER_INFO, LEARNER_STATS_KEY, LOAD_BATCH_TIMER,
-                            NUM_TARGET_UPDATES, NUM_WEIGHT_BROADCASTS, NUM_WEIGHT_SYNCS, STEPS_SAMPLED_COUNTER,
+                            NUM_LEARNER_UPDATES, NUM_TARGET_UPDATES, NUM_WEIGHT_BROADCASTS, NUM_WEIGHT_SYNCS, STEPS_SAMPLED_COUNTER,
                             STEPS_TRAINED_COUNTER, STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER,
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
 from flowrl.ops._common import check_batch
@@ -38,7 +38,7 @@ from flowrl.workers import WorkerSet
 
 __all__ = ["TrainOneStep", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep",
            "ComputeGradients", "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
-           "BroadcastUpdateLearnerWeights"]
+           "BroadcastUpdateLearnerWeights", "RecordLearnerOutput"]
 
 logger = logging.getLogger(__name__)
 
@@ -760,3 +760,37 @@ class BroadcastUpdateLearnerWeights(MetricsBinding):
 
     def __repr__(self) -> str:
         return f"BroadcastUpdateLearnerWeights({self.broadcast_interval})"
+
+
+class RecordLearnerOutput(MetricsBinding):
+    """Counts what a learner thread trained: consumes its out-queue items ``(env_steps, agent_steps,
+    learner_info)`` and emits ``learner_info`` (IMPALA/APPO, after ``Dequeue(learner.outqueue)``).
+
+    Use with ``.for_each()``. The trained counters come only from here, never from what was enqueued.
+
+    Metrics: ``num_steps_trained`` and ``num_steps_trained_this_iter += env_steps``,
+    ``num_agent_steps_trained += agent_steps``, ``num_learner_updates += 1``, ``info["learner"]``.
+
+    Examples:
+        >>> op = RecordLearnerOutput()
+        >>> op.bind(metrics := MetricsContext())
+        >>> op((50, 100, {"default_policy": {}})), metrics.counters["num_learner_updates"]
+        ({'default_policy': {}}, 1)
+    """
+
+    def __call__(self, item: tuple[int, int, LearnerInfo]) -> LearnerInfo:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise ValueError(f"{self!r} consumes a learner thread's (env_steps, agent_steps, learner_info) "
+                             f"out-queue items, got {type(item).__name__}: {item!r:.80}; put it right after "
+                             f"Dequeue(learner.outqueue)")
+        env_steps, agent_steps, info = item
+        counters = self.metrics.counters
+        counters[STEPS_TRAINED_COUNTER] += env_steps
+        counters[STEPS_TRAINED_THIS_ITER_COUNTER] += env_steps
+        counters[AGENT_STEPS_TRAINED_COUNTER] += agent_steps
+        counters[NUM_LEARNER_UPDATES] += 1
+        self.metrics.info[LEARNER_INFO] = info
+        return info
+
+    def __repr__(self) -> str:
+        return "RecordLearnerOutput"
