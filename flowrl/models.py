@@ -212,7 +212,7 @@ def make_model(obs_space: gym.Space[object], action_space: gym.Space[object], co
 
 
 _NP_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "tanh": np.tanh, "relu": lambda x: np.maximum(x, 0, out=x),
+    "tanh": lambda x: np.tanh(x, out=x), "relu": lambda x: np.maximum(x, 0, out=x),  # x is a fresh array
     "elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0))),
 }
 
@@ -300,8 +300,7 @@ class NumpyActing:
         dist_inputs, values = self.forward(obs)
         if self.dist_class is Categorical:
             if explore:  # Gumbel-max: the argmax of logits + Gumbel noise is a categorical draw
-                u = np.maximum(rng.random(dist_inputs.shape, dtype=np.float32), np.float32(1e-20))
-                actions = np.argmax(dist_inputs - np.log(-np.log(u)), axis=1)
+                actions = np.argmax(dist_inputs + rng.gumbel(size=dist_inputs.shape), axis=1)
             else:
                 actions = np.argmax(dist_inputs, axis=1)
             z = dist_inputs - dist_inputs.max(axis=1, keepdims=True)

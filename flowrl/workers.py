@@ -86,34 +86,53 @@ class RolloutWorker(ParallelIteratorWorker):
         """Steps every env ``steps`` times; returns one time-ordered raw trajectory per env."""
         policy, env = self.policy_map[DEFAULT_POLICY_ID], self.env
         assert isinstance(env, VectorEnv)  # single-agent config, checked in __init__
-        columns: dict[str, list[np.ndarray]] = {}
-
-        def put(key: str, value: np.ndarray) -> None:
-            columns.setdefault(key, []).append(value)
-
-        for _ in range(steps):
-            actions, extras = policy.compute_actions(self._obs)
-            step = env.step(actions)
-            put(OBS, self._obs)
-            put(ACTIONS, actions)
-            put(REWARDS, step.rewards)
-            put(TERMINATEDS, step.terminateds)
-            put(TRUNCATEDS, step.truncateds)
-            put(NEXT_OBS, step.final_obs)
-            put(EPS_ID, self._eps_id.copy())
-            put(T, self._ep_t.copy())
-            for key, value in extras.items():
-                put(key, value)
-            done = step.terminateds | step.truncateds
-            self._ep_t += 1
-            for i in np.flatnonzero(done):
-                self._eps_id[i], self._ep_t[i] = self._next_eps, 0
-                self._next_eps += 1
-            self._episodes.extend(step.episodes)
+        obs, actions, rewards, terms, truncs, next_obs = [], [], [], [], [], []
+        extras: dict[str, list[np.ndarray]] = {}
+        episodes = self._episodes
+        for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
+            acts, extra = policy.compute_actions(self._obs)
+            step = env.step(acts)
+            obs.append(self._obs)
+            actions.append(acts)
+            rewards.append(step.rewards)
+            terms.append(step.terminateds)
+            truncs.append(step.truncateds)
+            next_obs.append(step.final_obs)
+            for key, value in extra.items():
+                extras.setdefault(key, []).append(value)
+            if step.episodes:
+                episodes.extend(step.episodes)
             self._obs = step.obs
+        columns = {OBS: obs, ACTIONS: actions, REWARDS: rewards, TERMINATEDS: terms, TRUNCATEDS: truncs,
+                   NEXT_OBS: next_obs, **extras}
         stacked = {k: np.stack(v, axis=1) for k, v in columns.items()}  # [N, T, ...], env-major
-        return [SampleBatch({**{k: v[i] for k, v in stacked.items()},
-                             ENV_ID: np.full(steps, i, dtype=np.int64)}) for i in range(env.num_envs)]
+        eps_ids, ts = self._number_episodes(stacked[TERMINATEDS] | stacked[TRUNCATEDS])
+        return [SampleBatch._of_checked({**{k: v[i] for k, v in stacked.items()}, EPS_ID: eps_ids[i], T: ts[i],
+                                         ENV_ID: np.full(steps, i, dtype=np.int64)}) for i in range(env.num_envs)]
+
+    def _number_episodes(self, done_NT: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Episode ids and in-episode step indices ``[N, T]`` for a chunk whose episode ends are ``done_NT``.
+
+        An env's rows continue its current episode until its first end; each end opens a new episode
+        whose id is allocated in time order (envs in index order within a step), so ids are unique per
+        worker. Updates the worker's running ids, step counts and next free id."""
+        num_envs, steps = done_NT.shape
+        rank_NT = np.cumsum(done_NT.T.ravel()).reshape(steps, num_envs).T  # 1-based allocation order of ends
+        eps_ids, ts = np.empty((num_envs, steps), np.int64), np.empty((num_envs, steps), np.int64)
+        rows = np.arange(steps)
+        for i in range(num_envs):
+            ends = np.flatnonzero(done_NT[i])
+            starts = np.concatenate([[0], ends + 1])
+            seg = np.zeros(steps + 1, np.int64)
+            seg[ends + 1] = 1
+            seg = np.cumsum(seg[:steps])  # the episode (0 = the running one) of each row
+            ids = np.concatenate([[self._eps_id[i]], self._next_eps + rank_NT[i, ends] - 1])
+            eps_ids[i] = ids[seg]
+            ts[i] = rows - starts[seg] + np.where(seg == 0, self._ep_t[i], 0)
+            self._eps_id[i] = ids[-1]
+            self._ep_t[i] = steps - starts[-1] + (self._ep_t[i] if len(ends) == 0 else 0)
+        self._next_eps += int(done_NT.sum())
+        return eps_ids, ts
 
     def _postprocess(self, pieces: Sequence[SampleBatch]) -> list[SampleBatch]:
         policy = self.policy_map[DEFAULT_POLICY_ID]
