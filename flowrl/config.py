@@ -25,7 +25,7 @@ from flowrl.sample_batch import DEFAULT_POLICY_ID
 if TYPE_CHECKING:
     from flowrl.policy import Policy
 
-__all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "ACTIVATIONS"]
+__all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "TrainerConfig", "ACTIVATIONS"]
 
 ACTIVATIONS = ("tanh", "relu", "elu")
 
@@ -174,3 +174,65 @@ class RolloutConfig(PolicyConfig):
     def sample_size(self) -> int:
         """R: one worker's sample size, ``rollout_fragment_length x num_envs_per_worker``."""
         return self.rollout_fragment_length * self.num_envs_per_worker
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig(RolloutConfig):
+    """What every algorithm's config has beyond rollouts: batch size, learner devices, reporting and
+    failure handling (SEMANTICS.md §4, common defaults; §5). Algorithm configs extend it.
+
+    Attributes:
+        train_batch_size: steps per train batch (``ConcatBatches``' target).
+        count_steps_by: ``"env_steps"`` or ``"agent_steps"`` (multi-agent batch sizing).
+        num_gpus: the learner's CUDA devices (checked against what torch sees when the trainer starts).
+        _fake_gpus: run the multi-device learner on ``num_gpus`` CPU "devices" (tests, laptops).
+        simple_optimizer: ``None`` resolves to ``True`` when ``num_gpus <= 1``; ``False`` selects
+            ``MultiGPUTrainOneStep``. See :attr:`use_simple_optimizer`.
+        timesteps_per_iteration: a report waits for at least this many new steps.
+        min_iter_time_s: a report waits for at least this many seconds (0: no time gate).
+        metrics_smoothing_episodes: episode statistics are smoothed over this many episodes.
+        collect_metrics_timeout: seconds to wait for workers' episode statistics.
+        keep_per_episode_custom_metrics: keep raw per-episode custom metrics in results.
+        ignore_worker_failures: drop failed workers and go on (when not recreating them).
+        recreate_failed_workers: replace failed workers with the current weights and go on.
+        store_buffer_in_checkpoints: checkpoints include trainer-owned replay data.
+    """
+
+    num_workers: int = 2
+    train_batch_size: int = 200
+    count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps"
+    num_gpus: float = 0
+    _fake_gpus: bool = False
+    simple_optimizer: bool | None = None
+    timesteps_per_iteration: int = 0
+    min_iter_time_s: float = 0
+    metrics_smoothing_episodes: int = 100
+    collect_metrics_timeout: float = 180
+    keep_per_episode_custom_metrics: bool = False
+    ignore_worker_failures: bool = False
+    recreate_failed_workers: bool = True
+    store_buffer_in_checkpoints: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.train_batch_size, int) or self.train_batch_size < 1:
+            raise ValueError(f"train_batch_size={self.train_batch_size!r} must be a positive int (steps per "
+                             f"train batch)")
+        if self.count_steps_by not in ("env_steps", "agent_steps"):
+            raise ValueError(f"count_steps_by={self.count_steps_by!r}; use 'env_steps' or 'agent_steps'")
+        if self.num_gpus < 0:
+            raise ValueError(f"num_gpus={self.num_gpus} must be >= 0 (0 trains on the CPU)")
+        for name in ("timesteps_per_iteration", "metrics_smoothing_episodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an int >= 0")
+        for name in ("min_iter_time_s", "collect_metrics_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0 seconds")
+
+    @property
+    def use_simple_optimizer(self) -> bool:
+        """Whether plans train with ``TrainOneStep`` (True) or ``MultiGPUTrainOneStep`` (False)."""
+        if self.simple_optimizer is None:
+            return self.num_gpus <= 1
+        return self.simple_optimizer

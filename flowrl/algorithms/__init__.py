@@ -1,1 +1,65 @@
-"""Algorithms as plans: one file each, with a frozen config, a policy and ``plan(workers, config)``."""
+"""Algorithms as plans: one file each, with a frozen config, a policy and ``plan(workers, config)``.
+
+Each module ``flowrl/algorithms/<name>.py`` ends with ``ALGORITHM = Algorithm(...)``; the registry
+maps a name to its module and imports it on first use, so ``flowrl.algorithms`` stays light.
+:class:`flowrl.trainer.Trainer` (and the CLI) find algorithms here by name:
+``Trainer("ppo", PPOConfig(...))``.
+
+Examples:
+    >>> sorted(ALGORITHMS)
+    ['a2c', 'a3c', 'pg', 'ppo']
+    >>> get_algorithm("sac")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'pg', 'ppo']
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainerConfig
+    from flowrl.iter import LocalIterator
+    from flowrl.policy import Policy
+    from flowrl.workers import WorkerSet
+
+__all__ = ["Algorithm", "ALGORITHMS", "get_algorithm"]
+
+# name -> module; a module defines ALGORITHM. Add new algorithms here.
+ALGORITHMS: dict[str, str] = {
+    "pg": "flowrl.algorithms.pg",
+    "a2c": "flowrl.algorithms.a2c",
+    "a3c": "flowrl.algorithms.a3c",
+    "ppo": "flowrl.algorithms.ppo",
+}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What the trainer needs to run an algorithm.
+
+    Attributes:
+        name: the registry name (``"ppo"``).
+        config_class: its frozen config (a :class:`~flowrl.config.TrainerConfig` subclass).
+        policy_class: the policy its workers run.
+        plan: ``plan(workers, config, **trainer_owned_state) -> LocalIterator[dict]``.
+    """
+
+    name: str
+    config_class: type[TrainerConfig]
+    policy_class: type[Policy]
+    plan: Callable[..., LocalIterator[dict[str, Any]]]
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The registered algorithm ``name`` (case-insensitive)."""
+    module = ALGORITHMS.get(name.lower()) if isinstance(name, str) else None
+    if module is None:
+        raise ValueError(f"unknown algorithm {name!r}; flowrl has {sorted(ALGORITHMS)}")
+    algorithm = importlib.import_module(module).ALGORITHM
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"{module}.ALGORITHM must be an Algorithm(...), got {type(algorithm).__name__}")
+    return algorithm
