@@ -1,0 +1,423 @@
+"""Reporting operators: when a plan reports, and what the report holds (SEMANTICS.md §3.5).
+
+:func:`StandardMetricsReporting` ends every plan. It keeps pulling the train op until a
+:class:`ReportGate` opens (enough new steps **and** enough time), then :class:`CollectMetrics` turns the
+workers' finished episodes and the dataflow's metrics context into one result dict.
+
+Examples:
+    >>> from flowrl.testing import make_fake_workers
+    >>> from flowrl.config import TrainerConfig
+    >>> workers = make_fake_workers(0, rollout_fragment_length=10)
+    >>> def sample(_: int) -> None:
+    ...     workers.local_worker().sample()
+    ...     LocalIterator.get_metrics().counters["num_steps_sampled"] += 10
+    >>> train_op = iter_list(range(100)).for_each(sample)
+    >>> reports = StandardMetricsReporting(train_op, workers, TrainerConfig(timesteps_per_iteration=30))
+    >>> [(r["timesteps_total"], r["timesteps_this_iter"], r["episodes_this_iter"]) for r in reports.take(2)]
+    [(30, 30, 3), (60, 30, 3)]
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from flowrl.envs.base import EpisodeRecord
+from flowrl.iter import LocalIterator
+from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COUNTER, CUSTOM_METRICS,
+                            LAST_REPORT_TIMESTEPS, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER,
+                            STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
+
+import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
+
+if TYPE_CHECKING:
+    from flowrl.workers import WorkerSet
+
+__all__ = ["OncePerTimestepsElapsed", "OncePerTimeInterval", "ReportGate", "CollectMetrics",
+           "StandardMetricsReporting"]
+
+logger = logging.getLogger(__name__)
+
+ResultDict = dict[str, Any]
+
+# Config attributes StandardMetricsReporting reads, with the defaults of SEMANTICS.md §3.5 / §4 for
+# configs that lack them (e.g. a bare RolloutConfig).
+_CONFIG_DEFAULTS: dict[str, Any] = {"timesteps_per_iteration": 0, "min_iter_time_s": 0,
+                                    "metrics_smoothing_episodes": 100, "collect_metrics_timeout": 180,
+                                    "keep_per_episode_custom_metrics": False}
+
+
+def _check_number(op: str, name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"{op} {name}={value!r} must be a number{' or None' if allow_none else ''}")
+
+
+class OncePerTimestepsElapsed(MetricsBinding):
+    """A predicate over any item: true once ``delay_steps`` more steps have elapsed since it last said yes.
+
+    Use with ``.filter()``. The counter is ``num_steps_trained`` if ``by_steps_trained``, else
+    ``num_steps_sampled``. It is always true when ``delay_steps <= 0``; otherwise it is true iff
+    ``counter - last >= delay_steps`` and then sets ``last = counter`` (``last`` starts at 0).
+    :meth:`check` answers without moving the bookmark and :meth:`commit` moves it; a counter below
+    ``last`` (after a restore) first rebases ``last`` to the counter, in :meth:`check`.
+
+    Metrics: reads ``num_steps_sampled`` (or ``num_steps_trained``).
+
+    Examples:
+        >>> once = OncePerTimestepsElapsed(100)
+        >>> once.bind(metrics := MetricsContext())
+        >>> metrics.counters["num_steps_sampled"] = 99
+        >>> once(None)
+        False
+        >>> metrics.counters["num_steps_sampled"] = 100
+        >>> once(None), once(None)
+        (True, False)
+    """
+
+    def __init__(self, delay_steps: int, by_steps_trained: bool = False) -> None:
+        _check_number("OncePerTimestepsElapsed", "delay_steps", delay_steps)
+        self.delay_steps, self.by_steps_trained = delay_steps, by_steps_trained
+        self.last = 0
+
+    def __repr__(self) -> str:
+        return f"OncePerTimestepsElapsed({self.delay_steps}{', by_steps_trained' if self.by_steps_trained else ''})"
+
+    def _counter(self) -> int:
+        return self.metrics.counters[STEPS_TRAINED_COUNTER if self.by_steps_trained else STEPS_SAMPLED_COUNTER]
+
+    def check(self) -> bool:
+        """Whether enough steps have elapsed; moves no bookmark (except the rebase after a restore)."""
+        if self.delay_steps <= 0:
+            return True
+        counter = self._counter()
+        if counter < self.last:
+            self.last = counter
+        return counter - self.last >= self.delay_steps
+
+    def commit(self) -> None:
+        """Moves the bookmark to the current counter."""
+        if self.delay_steps > 0:
+            self.last = self._counter()
+
+    def __call__(self, item: Any) -> bool:
+        if self.check():
+            self.commit()
+            return True
+        return False
+
+
+class OncePerTimeInterval:
+    """A predicate over any item: true once ``delay_s`` seconds have passed on ``clock`` since it last said yes.
+
+    Use with ``.filter()``. It is always true when ``delay_s`` is ``None`` or ``<= 0``, and its first call
+    is true; otherwise it is true iff ``now - last >= delay_s`` and then sets ``last = now``.
+    :meth:`check` answers without moving the bookmark and :meth:`commit` moves it.
+
+    Metrics: none.
+
+    Examples:
+        >>> now = [0.0]
+        >>> once = OncePerTimeInterval(2.5, clock=lambda: now[0])
+        >>> once(None), once(None)
+        (True, False)
+        >>> now[0] = 2.5
+        >>> once(None)
+        True
+    """
+
+    def __init__(self, delay_s: float | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        _check_number("OncePerTimeInterval", "delay_s", delay_s, allow_none=True)
+        if not callable(clock):
+            raise ValueError(f"OncePerTimeInterval clock={clock!r} must be a zero-argument callable returning seconds")
+        self.delay_s, self.clock = delay_s, clock
+        self.last: float | None = None
+
+    def __repr__(self) -> str:
+        return f"OncePerTimeInterval({self.delay_s})"
+
+    def _gated(self) -> bool:
+        return self.delay_s is not None and self.delay_s > 0
+
+    def check(self) -> bool:
+        """Whether ``delay_s`` has passed since the bookmark (always on the first call); moves nothing."""
+        if not self._gated() or self.last is None:
+            return True
+        assert self.delay_s is not None  # _gated()
+        return self.clock() - self.last >= self.delay_s
+
+    def commit(self) -> None:
+        """Moves the bookmark to now."""
+        if self._gated():
+            self.last = self.clock()
+
+    def __call__(self, item: Any) -> bool:
+        if self.check():
+            self.commit()
+            return True
+        return False
+
+
+class ReportGate(MetricsBinding):
+    """A predicate over any item: true when ``delay_steps`` more steps **and** ``delay_s`` seconds have passed.
+
+    Use with ``.filter()`` (as :func:`StandardMetricsReporting` does). It checks one
+    :class:`OncePerTimestepsElapsed` and one :class:`OncePerTimeInterval` without side effects, and only
+    when both hold commits both bookmarks. If either fails neither moves (apart from the step bookmark's
+    rebase after a restore), so steps that elapsed while the time window was still open count towards
+    the next report: chaining the two filters would instead demand another ``delay_steps`` on top.
+
+    Metrics: reads ``num_steps_sampled`` (or ``num_steps_trained``).
+
+    Examples:
+        >>> now = [0.0]
+        >>> gate = ReportGate(100, 5.0, clock=lambda: now[0])
+        >>> gate.bind(metrics := MetricsContext())
+        >>> metrics.counters["num_steps_sampled"] = 100
+        >>> gate(None)  # 100 steps, and the first time check passes
+        True
+        >>> metrics.counters["num_steps_sampled"] = 200; now[0] = 1.0
+        >>> gate(None)  # the steps are there, the time is not: nothing is committed
+        False
+        >>> now[0] = 5.0
+        >>> gate(None)  # no further steps needed
+        True
+    """
+
+    def __init__(self, delay_steps: int, delay_s: float | None, by_steps_trained: bool = False, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.steps = OncePerTimestepsElapsed(delay_steps, by_steps_trained)
+        self.time = OncePerTimeInterval(delay_s, clock=clock)
+
+    def bind(self, metrics: MetricsContext) -> None:
+        super().bind(metrics)
+        self.steps.bind(metrics)
+
+    def __repr__(self) -> str:
+        by = ", by_steps_trained" if self.steps.by_steps_trained else ""
+        return f"ReportGate({self.steps.delay_steps} steps, {self.time.delay_s} s{by})"
+
+    def __call__(self, item: Any) -> bool:
+        steps_ok = self.steps.check()
+        time_ok = self.time.check()
+        if steps_ok and time_ok:
+            self.steps.commit()
+            self.time.commit()
+            return True
+        return False
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float, float]:
+    """(min, max, mean) of ``values``; ``nan`` for each when there are none."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    array = np.asarray(values, dtype=np.float64)
+    return float(array.min()), float(array.max()), float(array.mean())
+
+
+class CollectMetrics(MetricsBinding):
+    """Ignores its input; emits one result dict of episode statistics and the dataflow's metrics.
+
+    Use with ``.for_each()`` (after a :class:`ReportGate` filter). On each call it:
+
+    1. requests ``get_metrics()`` from the local worker and from every remote worker that has no
+       request outstanding, and waits up to ``timeout_seconds`` for the remote answers; requests that
+       have not returned are carried over to the next call, never re-requested;
+    2. counts the episodes of **all** workers into ``episodes_this_iter``;
+    3. computes reward and length statistics over the episodes of ``selected_workers`` (default: all
+       remote workers) plus the local worker, padded with earlier such episodes up to
+       ``min_history`` (the last ``min_history`` are kept as history);
+    4. merges the metrics context: ``info["custom_metrics"]`` is popped into ``custom_metrics``,
+       ``info`` is a copy of the context's info plus every counter, and each timer ``k`` gives
+       ``timers[k + "_time_ms"]`` and, when it has units, ``timers[k + "_throughput"]``;
+    5. resets ``num_steps_trained_this_iter`` to 0.
+
+    The result holds ``episode_reward_{max,min,mean}``, ``episode_len_mean``, ``episodes_this_iter``,
+    ``policy_reward_{min,max,mean}`` (per policy), ``custom_metrics``, ``hist_stats``,
+    ``timesteps_total`` (``num_steps_trained`` if ``by_steps_trained``, else ``num_steps_sampled``),
+    ``timesteps_this_iter`` (its increase since the previous result, at least 0),
+    ``agent_timesteps_total``, the four step counters, ``info``, ``timers`` and ``num_healthy_workers``.
+
+    Metrics: reads every counter, timer and info entry; pops ``info["custom_metrics"]``; resets
+    ``num_steps_trained_this_iter``.
+
+    Args:
+        workers: the plan's WorkerSet.
+        min_history: episodes in the smoothing window; >= 0.
+        timeout_seconds: how long one call waits for the remote workers' answers; >= 0.
+        keep_per_episode_custom_metrics: also keep each custom metric's raw per-episode values.
+        selected_workers: remote workers whose episodes enter the statistics (the local worker's always
+            do); ``None`` for all. It never narrows ``episodes_this_iter``.
+        by_steps_trained: ``timesteps_total`` counts trained instead of sampled steps.
+
+    Raises:
+        ValueError: ``min_history`` or ``timeout_seconds`` invalid.
+
+    Examples:
+        >>> from flowrl.testing import make_fake_workers
+        >>> workers = make_fake_workers(0)
+        >>> _ = workers.local_worker().sample(), workers.local_worker().sample()
+        >>> op = CollectMetrics(workers)
+        >>> op.bind(metrics := MetricsContext())
+        >>> metrics.counters["num_steps_sampled"] = 200
+        >>> result = op(None)
+        >>> result["episodes_this_iter"], result["episode_reward_mean"], result["info"]["num_steps_sampled"]
+        (2, 1.0, 200)
+    """
+
+    def __init__(self, workers: WorkerSet, min_history: int = 100, timeout_seconds: float = 180,
+                 keep_per_episode_custom_metrics: bool = False, selected_workers: Sequence[Any] | None = None,
+                 by_steps_trained: bool = False) -> None:
+        if isinstance(min_history, bool) or not isinstance(min_history, int) or min_history < 0:
+            raise ValueError(f"CollectMetrics min_history={min_history!r} must be an int >= 0 (episodes in the "
+                             f"smoothing window; config.metrics_smoothing_episodes)")
+        _check_number("CollectMetrics", "timeout_seconds", timeout_seconds)
+        if timeout_seconds < 0:
+            raise ValueError(f"CollectMetrics timeout_seconds={timeout_seconds!r} must be >= 0 "
+                             f"(config.collect_metrics_timeout)")
+        self.workers, self.min_history, self.timeout_seconds = workers, min_history, timeout_seconds
+        self.keep_per_episode_custom_metrics = keep_per_episode_custom_metrics
+        self.selected_workers = None if selected_workers is None else list(selected_workers)
+        self.by_steps_trained = by_steps_trained
+        self._pending: dict[Any, Any] = {}  # outstanding get_metrics ref -> its remote worker
+        self._history: list[EpisodeRecord] = []
+
+    def __repr__(self) -> str:
+        return "CollectMetrics"
+
+    def _collect(self) -> tuple[list[EpisodeRecord], int]:
+        """(episodes for the statistics, number of episodes from all workers) of this call."""
+        remote = list(self.workers.remote_workers())
+        live = set(remote)
+        self._pending = {ref: w for ref, w in self._pending.items() if w in live}  # drop removed workers
+        asked = set(self._pending.values())
+        for worker in remote:
+            if worker not in asked:
+                self._pending[worker.get_metrics.remote()] = worker
+        local_episodes = list(self.workers.local_worker().get_metrics())
+        ready: list[Any] = []
+        if self._pending:
+            refs = list(self._pending)
+            ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_seconds)
+            if not_ready:
+                logger.warning("CollectMetrics: %d of %d remote workers did not report episodes within %s s; "
+                               "their requests carry over to the next report", len(not_ready), len(refs),
+                               self.timeout_seconds)
+        answered = [self._pending.pop(ref) for ref in ready]
+        selected = live if self.selected_workers is None else set(self.selected_workers)
+        for_stats, total = list(local_episodes), len(local_episodes)
+        for worker, episodes in zip(answered, ray.get(ready)):  # a failed worker's error surfaces here
+            total += len(episodes)
+            if worker in selected:
+                for_stats.extend(episodes)
+        return for_stats, total
+
+    def _window(self, new: list[EpisodeRecord]) -> list[EpisodeRecord]:
+        missing = self.min_history - len(new)
+        window = (self._history[-missing:] if missing > 0 else []) + new
+        self._history = (self._history + new)[-self.min_history:] if self.min_history > 0 else []
+        return window
+
+    def _custom_metrics(self, episodes: list[EpisodeRecord]) -> dict[str, Any]:
+        values: defaultdict[str, list[float]] = defaultdict(list)
+        for ep in episodes:
+            for key, value in ep.custom_metrics.items():
+                values[key].append(value)
+        out: dict[str, Any] = {}
+        for key, vals in values.items():
+            finite = [float(v) for v in vals if not np.any(np.isnan(v))]
+            out[f"{key}_min"], out[f"{key}_max"], out[f"{key}_mean"] = _stats(finite)
+            if self.keep_per_episode_custom_metrics:
+                out[key] = list(vals)
+        return out
+
+    def __call__(self, item: Any) -> ResultDict:
+        new, episodes_this_iter = self._collect()
+        window = self._window(new)
+        rewards = [float(ep.episode_return) for ep in window]
+        lengths = [int(ep.episode_length) for ep in window]
+        reward_min, reward_max, reward_mean = _stats(rewards)
+        per_policy: defaultdict[str, list[float]] = defaultdict(list)
+        for ep in window:
+            for pid, ret in ep.policy_returns.items():
+                per_policy[pid].append(float(ret))
+        policy_stats = {pid: _stats(rets) for pid, rets in per_policy.items()}
+
+        metrics = self.metrics
+        custom_metrics = self._custom_metrics(window)
+        custom_metrics.update(metrics.info.pop(CUSTOM_METRICS, None) or {})
+        # the bookmark is a counter, so it survives a checkpoint restore and a plan rebuild (SEMANTICS.md §5)
+        timesteps_total = metrics.counters[STEPS_TRAINED_COUNTER if self.by_steps_trained else STEPS_SAMPLED_COUNTER]
+        timesteps_this_iter = max(0, timesteps_total - metrics.counters[LAST_REPORT_TIMESTEPS])
+        metrics.counters[LAST_REPORT_TIMESTEPS] = timesteps_total
+        counters = dict(metrics.counters)
+        info = {**metrics.info, **counters}
+        timers: dict[str, float] = {}
+        for key, timer in metrics.timers.items():
+            timers[f"{key}_time_ms"] = round(1000 * timer.mean, 3)
+            if timer.has_units_processed():
+                timers[f"{key}_throughput"] = round(timer.mean_throughput, 3)
+        result: ResultDict = {
+            "episode_reward_max": reward_max, "episode_reward_min": reward_min, "episode_reward_mean": reward_mean,
+            "episode_len_mean": _stats(lengths)[2],
+            "episodes_this_iter": episodes_this_iter,
+            "policy_reward_min": {pid: s[0] for pid, s in policy_stats.items()},
+            "policy_reward_max": {pid: s[1] for pid, s in policy_stats.items()},
+            "policy_reward_mean": {pid: s[2] for pid, s in policy_stats.items()},
+            "custom_metrics": custom_metrics,
+            "hist_stats": {"episode_reward": rewards, "episode_lengths": lengths},
+            "timesteps_total": timesteps_total,
+            "timesteps_this_iter": timesteps_this_iter,
+            "agent_timesteps_total": metrics.counters[AGENT_STEPS_SAMPLED_COUNTER],
+            STEPS_SAMPLED_COUNTER: metrics.counters[STEPS_SAMPLED_COUNTER],
+            STEPS_TRAINED_COUNTER: metrics.counters[STEPS_TRAINED_COUNTER],
+            AGENT_STEPS_SAMPLED_COUNTER: metrics.counters[AGENT_STEPS_SAMPLED_COUNTER],
+            AGENT_STEPS_TRAINED_COUNTER: metrics.counters[AGENT_STEPS_TRAINED_COUNTER],
+            "info": info,
+            "timers": timers,
+            "num_healthy_workers": len(self.workers.remote_workers()),
+        }
+        metrics.counters[STEPS_TRAINED_THIS_ITER_COUNTER] = 0
+        return result
+
+
+def StandardMetricsReporting(train_op: LocalIterator[Any], workers: WorkerSet, config: object,
+                             selected_workers: Sequence[Any] | None = None, by_steps_trained: bool = False, *,
+                             clock: Callable[[], float] = time.monotonic) -> LocalIterator[ResultDict]:
+    """The end of a plan: pulls ``train_op`` until a :class:`ReportGate` opens, then emits a result dict.
+
+    Returns ``train_op.filter(ReportGate(config.timesteps_per_iteration, config.min_iter_time_s,
+    by_steps_trained, clock=clock)).for_each(CollectMetrics(workers, config.metrics_smoothing_episodes,
+    config.collect_metrics_timeout, config.keep_per_episode_custom_metrics, selected_workers,
+    by_steps_trained))``. ``train_op``'s values are ignored: one result spans as many dataflow steps as
+    the gate needs. A config lacking one of those attributes gets its default (0, 0, 100, 180, False).
+
+    Metrics: as :class:`ReportGate` and :class:`CollectMetrics`.
+
+    Examples:
+        >>> from flowrl.testing import make_fake_workers
+        >>> from flowrl.config import TrainerConfig
+        >>> now = [0.0]
+        >>> def tick(x: int) -> int:
+        ...     now[0] += 1.0  # each train step takes one (fake) second
+        ...     return x
+        >>> reports = StandardMetricsReporting(iter_list(range(10)).for_each(tick), make_fake_workers(0),
+        ...                                    TrainerConfig(min_iter_time_s=3), clock=lambda: now[0])
+        >>> reports
+        LocalIterator[iter_list.for_each().filter(ReportGate(0 steps, 3 s)).for_each(CollectMetrics)]
+        >>> [(next(reports), now[0])[1] for _ in range(3)]  # the fake time of each report
+        [1.0, 4.0, 7.0]
+    """
+    def setting(name: str) -> Any:
+        return getattr(config, name, _CONFIG_DEFAULTS[name])
+
+    gate = ReportGate(setting("timesteps_per_iteration"), setting("min_iter_time_s"), by_steps_trained, clock=clock)
+    collect = CollectMetrics(workers, setting("metrics_smoothing_episodes"), setting("collect_metrics_timeout"),
+                             setting("keep_per_episode_custom_metrics"), selected_workers, by_steps_trained)
+    return train_op.filter(gate).for_each(collect)
