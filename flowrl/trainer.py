@@ -1,0 +1,192 @@
+"""The Trainer: builds one algorithm's WorkerSet and plan once; ``train()`` is one ``next()`` of the plan.
+
+It also owns what must outlive a plan: checkpoints (``save``/``restore``, plain data only) and the
+handling of failed remote workers, which rebuilds the plan with the counters carried over
+(SEMANTICS.md §5).
+
+Examples:
+    >>> from flowrl.algorithms import Algorithm
+    >>> from flowrl.config import TrainerConfig
+    >>> from flowrl.ops.metrics import StandardMetricsReporting
+    >>> from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
+    >>> from flowrl.ops.train import TrainOneStep
+    >>> from flowrl.testing import TinyPGPolicy
+    >>> def plan(workers, config):
+    ...     train_op = (ParallelRollouts(workers).combine(ConcatBatches(config.train_batch_size))
+    ...                 .for_each(TrainOneStep(workers)))
+    ...     return StandardMetricsReporting(train_op, workers, config)
+    >>> trainer = Trainer(Algorithm("tiny_pg", TrainerConfig, TinyPGPolicy, plan),
+    ...                   TrainerConfig(num_workers=0, rollout_fragment_length=50, train_batch_size=100, seed=0))
+    >>> result = trainer.train()
+    >>> result["training_iteration"], result["timesteps_total"], result["info"]["num_steps_trained"]
+    (1, 100, 100)
+    >>> trainer.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from flowrl import runtime
+from flowrl._checkpoint import read_checkpoint, write_checkpoint
+from flowrl.algorithms import Algorithm, get_algorithm
+from flowrl.config import TrainerConfig
+from flowrl.iter import LocalIterator
+from flowrl.policy import Policy
+from flowrl.sample_batch import DEFAULT_POLICY_ID
+from flowrl.workers import WorkerSet
+
+__all__ = ["Trainer"]
+
+logger = logging.getLogger(__name__)
+
+
+def _worker_died(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is the death of an actor, not a user error."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ray.exceptions.RayActorError):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+class Trainer:
+    """Runs one algorithm: ``Trainer("ppo", PPOConfig(...))`` or ``Trainer(Algorithm(...), config)``.
+
+    Args:
+        algorithm: a registry name (see :data:`flowrl.algorithms.ALGORITHMS`) or an :class:`Algorithm`.
+        config: the algorithm's config (``None``: its defaults); it must be an instance of the
+            algorithm's ``config_class``.
+
+    Raises:
+        ValueError: an unknown algorithm, ``num_gpus`` beyond the CUDA devices torch sees, or remote
+            workers the Ray cluster can never hold.
+        TypeError: a config of another class.
+    """
+
+    def __init__(self, algorithm: str | Algorithm, config: TrainerConfig | None = None) -> None:
+        self.algorithm = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)
+        config = self.algorithm.config_class() if config is None else config
+        if not isinstance(config, self.algorithm.config_class):
+            raise TypeError(f"Trainer({self.algorithm.name!r}) needs a {self.algorithm.config_class.__name__}, got "
+                            f"{type(config).__name__}; build the config with {self.algorithm.config_class.__name__}(...)")
+        self.config = config
+        self._check_learner_devices()
+        if config.num_workers:
+            runtime.ensure_initialized()
+        self.workers = WorkerSet(policy_class=self.algorithm.policy_class, config=config)
+        self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
+        self._plan = self._build_plan()
+
+    def _check_learner_devices(self) -> None:
+        if self.config.num_gpus and not self.config._fake_gpus:
+            import torch
+
+            visible = torch.cuda.device_count()
+            if self.config.num_gpus > visible:
+                raise ValueError(f"num_gpus={self.config.num_gpus} but torch sees {visible} CUDA device(s); use "
+                                 f"num_gpus=0, or _fake_gpus=True to run the multi-device path on the CPU")
+
+    def _build_plan(self) -> LocalIterator[dict[str, Any]]:
+        plan = self.algorithm.plan(self.workers, self.config)
+        if not isinstance(plan, LocalIterator):
+            raise TypeError(f"{self.algorithm.name} plan returned {type(plan).__name__}; a plan returns the "
+                            f"LocalIterator of result dicts (end it with StandardMetricsReporting)")
+        return plan
+
+    @property
+    def plan(self) -> LocalIterator[dict[str, Any]]:
+        """The running plan (rebuilt after a worker failure)."""
+        return self._plan
+
+    # -- training ---------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Exactly one ``next()`` of the plan, plus ``training_iteration``, ``time_this_iter_s``,
+        ``time_total_s`` and ``episodes_total``. A failed remote worker is handled as the config says
+        (SEMANTICS.md §5) and the step retried."""
+        start = time.monotonic()
+        while True:
+            try:
+                result = dict(next(self._plan))
+                break
+            except Exception as error:
+                if not _worker_died(error) or not (self.config.recreate_failed_workers or
+                                                   self.config.ignore_worker_failures):
+                    raise
+                logger.warning("a remote worker died (%s); %s it and rebuilding the plan", error,
+                               "recreating" if self.config.recreate_failed_workers else "dropping")
+                self._recover()
+        self.training_iteration += 1
+        elapsed = time.monotonic() - start
+        self.time_total_s += elapsed
+        self.episodes_total += int(result.get("episodes_this_iter", 0))
+        result.update(training_iteration=self.training_iteration, time_this_iter_s=elapsed,
+                      time_total_s=self.time_total_s, episodes_total=self.episodes_total)
+        return result
+
+    def _recover(self) -> None:
+        failed = self.workers.check_health()
+        if self.config.recreate_failed_workers:
+            self.workers.recreate_workers(failed)
+        else:
+            self.workers.remove_workers(failed)
+        if self.config.num_workers and not self.workers.remote_workers():
+            raise RuntimeError(f"every remote worker failed (num_workers={self.config.num_workers}); set "
+                               f"recreate_failed_workers=True to replace them")
+        saved = self._plan.metrics.save()
+        self._plan.close()
+        self._plan = self._build_plan()
+        self._plan.metrics.restore(saved)
+
+    def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
+        """The learner's policy (on the local worker)."""
+        return self.workers.local_worker().get_policy(policy_id)  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        """Closes the plan (its learner threads, aggregators and actors) and stops every remote worker."""
+        try:
+            self._plan.close()
+        finally:
+            self.workers.stop()
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save(self, checkpoint_dir: str | Path) -> Path:
+        """Writes a checkpoint into ``checkpoint_dir`` (atomically) and returns its path."""
+        remote = self.workers.remote_workers()
+        state = {
+            "local_worker": self.workers.local_worker().get_state(),
+            "remote_workers": ray.get([w.get_state.remote() for w in remote]) if remote else [],
+            "metrics": self._plan.metrics.save(),
+            "trainer": {"training_iteration": self.training_iteration, "time_total_s": self.time_total_s,
+                        "episodes_total": self.episodes_total},
+        }
+        name = f"checkpoint_{self.training_iteration:06d}"
+        return write_checkpoint(Path(checkpoint_dir), name, state, algorithm=self.algorithm.name)
+
+    def restore(self, checkpoint_path: str | Path) -> None:
+        """Loads a checkpoint from :meth:`save` into this live trainer: weights, optimizer and RNG states
+        (local and remote workers), the plan's counters and info, and the trainer counters.
+
+        Raises:
+            ValueError: another algorithm's checkpoint, a newer format, or a truncated or altered file.
+        """
+        state = read_checkpoint(checkpoint_path, algorithm=self.algorithm.name)
+        self.workers.local_worker().set_state(state["local_worker"])
+        remote, saved = self.workers.remote_workers(), state["remote_workers"]
+        if remote:
+            self.workers.sync_weights()  # one put of the restored weights for everyone
+            if len(saved) != len(remote):
+                logger.warning("the checkpoint holds %d remote worker states for %d workers; restoring the first "
+                               "%d", len(saved), len(remote), min(len(saved), len(remote)))
+            ray.get([w.set_state.remote(s) for w, s in zip(remote, saved)])
+        self._plan.metrics.restore(state["metrics"])
+        trainer = state["trainer"]
+        self.training_iteration = int(trainer["training_iteration"])
+        self.time_total_s = float(trainer["time_total_s"])
+        self.episodes_total = int(trainer["episodes_total"])
