@@ -1,1 +1,35 @@
-"""The paper's operators: rollout, train, replay, concurrency and metrics (SEMANTICS.md §3)."""
+"""The paper's operators: rollout, train, replay, concurrency and metrics (SEMANTICS.md §3).
+
+A plan imports what it wires from here: ``from flowrl.ops import ParallelRollouts, ConcatBatches, ...``.
+Each name also lives in its family module (``flowrl.ops.rollout``, ``.train``, ``.replay``,
+``.concurrency``, ``.metrics``).
+"""
+
+from __future__ import annotations
+
+from flowrl.ops.concurrency import (ApexLearnerThread, Concurrently, Dequeue, Enqueue, LearnerThread, MinibatchBuffer,
+                                    MultiGPULearnerThread)
+from flowrl.ops.metrics import (CollectMetrics, CountSteps, OncePerTimeInterval, OncePerTimestepsElapsed, ReportGate,
+                                StandardMetricsReporting)
+from flowrl.ops.replay import MixInReplay, Replay, StoreToReplayBuffer, UpdatePriorities, WaitUntilTimestepsElapsed
+from flowrl.ops.rollout import AsyncGradients, ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields
+from flowrl.ops.train import (ApplyGradients, AverageGradients, BroadcastUpdateLearnerWeights, BroadcastWeights,
+                              ComputeGradients, LearnOnBatch, MultiGPUTrainOneStep, RecordLearnerOutput, TrainOneStep,
+                              UpdateKL, UpdateTargetNetwork, UpdateWorkerWeights)
+
+__all__ = [
+    # rollout
+    "ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields",
+    # train
+    "TrainOneStep", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep", "ComputeGradients",
+    "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
+    "BroadcastUpdateLearnerWeights", "RecordLearnerOutput",
+    # replay
+    "StoreToReplayBuffer", "Replay", "UpdatePriorities", "MixInReplay", "WaitUntilTimestepsElapsed",
+    # concurrency
+    "Concurrently", "Enqueue", "Dequeue", "MinibatchBuffer", "LearnerThread", "MultiGPULearnerThread",
+    "ApexLearnerThread",
+    # metrics
+    "StandardMetricsReporting", "CollectMetrics", "ReportGate", "OncePerTimestepsElapsed", "OncePerTimeInterval",
+    "CountSteps",
+]

@@ -30,7 +30,7 @@ from flowrl.iter import LocalIterator, RetryLater, _union_quotas
 from flowrl.metrics import (LEARNER_DEQUEUE_TIMER, LEARNER_GRAD_TIMER, LEARNER_INFO, LEARNER_LOAD_TIMER,
                             LEARNER_LOAD_WAIT_TIMER, LEARNER_OVERALL_TIMER, LEARNER_QUEUE_INFO, LEARNER_STATS_KEY,
                             TIMING_BREAKDOWN_INFO, MetricsBinding, Timer)
-from flowrl.ops._common import check_batch
+from flowrl.ops._common import check_batch, check_int
 from flowrl.sample_batch import BATCH_INDEXES, TD_ERROR, AnyBatch
 
 __all__ = ["Concurrently", "Enqueue", "Dequeue", "MinibatchBuffer", "LearnerThread", "MultiGPULearnerThread",
@@ -300,9 +300,9 @@ class MinibatchBuffer(Generic[T]):
 
     def __init__(self, inqueue: queue.Queue[T], size: int, timeout: float | None, num_passes: int,
                  init_num_passes: int = 1) -> None:
-        _check_int("MinibatchBuffer size", size, 1)
-        _check_int("MinibatchBuffer num_passes", num_passes, 1)
-        _check_int("MinibatchBuffer init_num_passes", init_num_passes, 1)
+        check_int("MinibatchBuffer size", size, 1)
+        check_int("MinibatchBuffer num_passes", num_passes, 1)
+        check_int("MinibatchBuffer init_num_passes", init_num_passes, 1)
         if init_num_passes > num_passes:
             raise ValueError(f"MinibatchBuffer init_num_passes={init_num_passes} exceeds num_passes={num_passes}; "
                              f"the ramp-up goes from init_num_passes up to num_passes")
@@ -327,11 +327,6 @@ class MinibatchBuffer(Generic[T]):
             self.buffers[self.idx] = None
         self.idx = (self.idx + 1) % self.size
         return item, released
-
-
-def _check_int(what: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{what}={value!r} must be an int >= {low}")
 
 
 def _check_seconds(what: str, value: object) -> None:
@@ -373,7 +368,7 @@ class _LearnerBase(threading.Thread):
 
     def __init__(self, local_worker: _LearnsOnBatch, learner_queue_size: int, name: str) -> None:
         super().__init__(name=name, daemon=True)
-        _check_int(f"{type(self).__name__} learner_queue_size", learner_queue_size, 1)
+        check_int(f"{type(self).__name__} learner_queue_size", learner_queue_size, 1)
         self.local_worker = local_worker
         self.inqueue: queue.Queue[Any] = queue.Queue(maxsize=learner_queue_size)
         self.outqueue: queue.Queue[Any] = queue.Queue()
@@ -467,8 +462,8 @@ class LearnerThread(_LearnerBase):
     def __init__(self, local_worker: _LearnsOnBatch, minibatch_buffer_size: int = 1, num_sgd_iter: int = 1,
                  learner_queue_size: int = 16, learner_queue_timeout: float = 300) -> None:
         super().__init__(local_worker, learner_queue_size, "flowrl-learner")
-        _check_int("LearnerThread minibatch_buffer_size", minibatch_buffer_size, 1)
-        _check_int("LearnerThread num_sgd_iter", num_sgd_iter, 1)
+        check_int("LearnerThread minibatch_buffer_size", minibatch_buffer_size, 1)
+        check_int("LearnerThread num_sgd_iter", num_sgd_iter, 1)
         _check_seconds("LearnerThread learner_queue_timeout", learner_queue_timeout)
         self.minibatch_buffer: MinibatchBuffer[Any] = MinibatchBuffer(
             self.inqueue, size=minibatch_buffer_size, timeout=learner_queue_timeout, num_passes=num_sgd_iter,
@@ -575,10 +570,10 @@ class MultiGPULearnerThread(_LearnerBase):
                  learner_queue_timeout: float = 300, num_data_load_threads: int = 16) -> None:
         super().__init__(local_worker, learner_queue_size, "flowrl-multi-gpu-learner")
         self.devices = _devices(num_gpus)
-        _check_int("MultiGPULearnerThread train_batch_size", train_batch_size, 1)
-        _check_int("MultiGPULearnerThread num_multi_gpu_tower_stacks", num_multi_gpu_tower_stacks, 1)
-        _check_int("MultiGPULearnerThread num_sgd_iter", num_sgd_iter, 1)
-        _check_int("MultiGPULearnerThread num_data_load_threads", num_data_load_threads, 1)
+        check_int("MultiGPULearnerThread train_batch_size", train_batch_size, 1)
+        check_int("MultiGPULearnerThread num_multi_gpu_tower_stacks", num_multi_gpu_tower_stacks, 1)
+        check_int("MultiGPULearnerThread num_sgd_iter", num_sgd_iter, 1)
+        check_int("MultiGPULearnerThread num_data_load_threads", num_data_load_threads, 1)
         _check_seconds("MultiGPULearnerThread learner_queue_timeout", learner_queue_timeout)
         self.train_batch_size = train_batch_size
         self.wait_s = min(float(learner_queue_timeout), _POLL_S)

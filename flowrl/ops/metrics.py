@@ -29,6 +29,8 @@ import numpy as np
 
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator
+from flowrl.ops._common import check_batch, check_int
+from flowrl.sample_batch import AnyBatch
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COUNTER, CUSTOM_METRICS,
                             LAST_REPORT_TIMESTEPS, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from flowrl.workers import WorkerSet
 
 __all__ = ["OncePerTimestepsElapsed", "OncePerTimeInterval", "ReportGate", "CollectMetrics",
-           "StandardMetricsReporting"]
+           "StandardMetricsReporting", "CountSteps"]
 
 logger = logging.getLogger(__name__)
 
@@ -274,9 +276,8 @@ class CollectMetrics(MetricsBinding):
     def __init__(self, workers: WorkerSet, min_history: int = 100, timeout_seconds: float = 180,
                  keep_per_episode_custom_metrics: bool = False, selected_workers: Sequence[Any] | None = None,
                  by_steps_trained: bool = False) -> None:
-        if isinstance(min_history, bool) or not isinstance(min_history, int) or min_history < 0:
-            raise ValueError(f"CollectMetrics min_history={min_history!r} must be an int >= 0 (episodes in the "
-                             f"smoothing window; config.metrics_smoothing_episodes)")
+        check_int("CollectMetrics min_history", min_history, 0,
+                  "episodes in the smoothing window; config.metrics_smoothing_episodes")
         _check_number("CollectMetrics", "timeout_seconds", timeout_seconds)
         if timeout_seconds < 0:
             raise ValueError(f"CollectMetrics timeout_seconds={timeout_seconds!r} must be >= 0 "
@@ -421,3 +422,35 @@ def StandardMetricsReporting(train_op: LocalIterator[Any], workers: WorkerSet, c
     collect = CollectMetrics(workers, setting("metrics_smoothing_episodes"), setting("collect_metrics_timeout"),
                              setting("keep_per_episode_custom_metrics"), selected_workers, by_steps_trained)
     return train_op.filter(gate).for_each(collect)
+
+
+class CountSteps(MetricsBinding):
+    """Adds each batch's steps to one named counter and passes the batch on (e.g. the per-policy
+    ``agent_steps_trained_PPO`` / ``agent_steps_trained_DQN`` of the two-policy plan, SEMANTICS.md §4.10).
+
+    Use with ``.for_each()``. Metrics: ``counters[counter] += batch.agent_steps()`` (or ``count`` with
+    ``by="env_steps"``).
+
+    Examples:
+        >>> from flowrl.testing import fake_batch
+        >>> op = CountSteps("agent_steps_trained_PPO")
+        >>> op.bind(metrics := MetricsContext())
+        >>> op(fake_batch(3)).count, metrics.counters["agent_steps_trained_PPO"]
+        (3, 3)
+    """
+
+    def __init__(self, counter: str, by: str = "agent_steps") -> None:
+        if not isinstance(counter, str) or not counter:
+            raise ValueError(f"CountSteps counter={counter!r} must be a counter name, e.g. a constant from "
+                             f"flowrl.metrics")
+        if by not in ("agent_steps", "env_steps"):
+            raise ValueError(f"CountSteps by={by!r}; use 'agent_steps' or 'env_steps'")
+        self.counter, self.by = counter, by
+
+    def __call__(self, batch: AnyBatch) -> AnyBatch:
+        check_batch(batch, self)
+        self.metrics.counters[self.counter] += batch.agent_steps() if self.by == "agent_steps" else batch.count
+        return batch
+
+    def __repr__(self) -> str:
+        return f"CountSteps({self.counter})"

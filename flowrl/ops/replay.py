@@ -29,7 +29,7 @@ import numpy as np
 
 from flowrl.iter import LocalIterator, RetryLater, from_actors
 from flowrl.metrics import LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER, MetricsBinding
-from flowrl.ops._common import check_batch
+from flowrl.ops._common import check_batch, check_int
 from flowrl.replay_buffers import SimpleReplayBuffer
 from flowrl.sample_batch import BATCH_INDEXES, TD_ERROR, AnyBatch, SampleBatch
 
@@ -97,10 +97,8 @@ class StoreToReplayBuffer:
         self.actors = _one_source("StoreToReplayBuffer", local_buffer, actors)
         if self.actors is None:
             _check_method("StoreToReplayBuffer", local_buffer, "add_batch")
-        if isinstance(max_outstanding_adds, bool) or not isinstance(max_outstanding_adds, int) or \
-                max_outstanding_adds < 1:
-            raise ValueError(f"StoreToReplayBuffer max_outstanding_adds={max_outstanding_adds!r} must be an int "
-                             f">= 1 (unacknowledged add_batch calls per replay actor)")
+        check_int("StoreToReplayBuffer max_outstanding_adds", max_outstanding_adds, 1,
+                  "unacknowledged add_batch calls per replay actor")
         self.local_buffer = local_buffer
         self.max_outstanding_adds = max_outstanding_adds
         self._outstanding: list[list[Any]] = [[] for _ in self.actors or ()]
@@ -180,8 +178,7 @@ def Replay(*, local_buffer: Any = None, actors: Sequence[Any] | None = None,
         [4, 4]
     """
     actor_list = _one_source("Replay", local_buffer, actors)
-    if isinstance(num_async, bool) or not isinstance(num_async, int) or num_async < 1:
-        raise ValueError(f"Replay num_async={num_async!r} must be an int >= 1 (replay requests in flight per shard)")
+    check_int("Replay num_async", num_async, 1, "replay requests in flight per shard")
     if actor_list is None:
         _check_method("Replay", local_buffer, "replay")
         return LocalIterator.from_poll(local_buffer.replay, name="Replay(local)")

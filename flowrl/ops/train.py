@@ -31,7 +31,7 @@ from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, APPLY_GRADS_TIMER, COMP
                             NUM_LEARNER_UPDATES, NUM_TARGET_UPDATES, NUM_WEIGHT_BROADCASTS, NUM_WEIGHT_SYNCS, STEPS_SAMPLED_COUNTER,
                             STEPS_TRAINED_COUNTER, STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER,
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
-from flowrl.ops._common import check_batch
+from flowrl.ops._common import check_batch, check_int
 from flowrl.policy import Policy
 from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.workers import WorkerSet
@@ -673,10 +673,8 @@ class UpdateWorkerWeights(MetricsBinding):
         name = type(self).__name__
         self.learner_thread = _check_learner_thread(learner_thread, name)
         self.workers = _check_workers(workers, name)
-        if isinstance(max_weight_sync_delay, bool) or not isinstance(max_weight_sync_delay, int) or \
-                max_weight_sync_delay < 1:
-            raise ValueError(f"{name} max_weight_sync_delay={max_weight_sync_delay!r} must be an int >= 1 (steps "
-                             f"a worker delivers between weight syncs)")
+        check_int(f"{name} max_weight_sync_delay", max_weight_sync_delay, 1,
+                  "steps a worker delivers between weight syncs")
         self.max_weight_sync_delay = max_weight_sync_delay
         self.steps_since_update: dict[Any, int] = {}
         self.weights_ref: Any = None
@@ -727,9 +725,7 @@ class BroadcastUpdateLearnerWeights(MetricsBinding):
         name = type(self).__name__
         self.learner_thread = _check_learner_thread(learner_thread, name)
         self.workers = _check_workers(workers, name)
-        if isinstance(broadcast_interval, bool) or not isinstance(broadcast_interval, int) or broadcast_interval < 1:
-            raise ValueError(f"{name} broadcast_interval={broadcast_interval!r} must be an int >= 1 (fragments "
-                             f"between weight refreshes)")
+        check_int(f"{name} broadcast_interval", broadcast_interval, 1, "fragments between weight refreshes")
         self.broadcast_interval = broadcast_interval
         self.calls_since_broadcast = 0
         self.weights_ref: Any = None
