@@ -14,7 +14,7 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -175,14 +175,15 @@ class Policy:
                  for p in self.model.parameters()]
         return grads, {"learner_stats": stats}
 
-    def apply_gradients(self, gradients: list[np.ndarray]) -> None:
+    def apply_gradients(self, gradients: Sequence[np.ndarray | torch.Tensor]) -> None:
         """Takes one optimizer step with the given gradients (from :meth:`compute_gradients`)."""
         params = list(self.model.parameters())
         if len(gradients) != len(params):
             raise ValueError(f"apply_gradients got {len(gradients)} arrays for {len(params)} parameters; pass "
                              f"the list compute_gradients returned for the same model")
         for p, g in zip(params, gradients):
-            p.grad = torch.as_tensor(g, device=self.device).reshape(p.shape)
+            grad = g.detach().clone() if isinstance(g, torch.Tensor) else torch.tensor(g)  # g may be read-only
+            p.grad = grad.to(self.device).reshape(p.shape)
         self.optimizer.step()
 
     # -- weights and state ------------------------------------------------------------------------

@@ -313,7 +313,8 @@ class CollectMetrics(MetricsBinding):
         answered = [self._pending.pop(ref) for ref in ready]
         selected = live if self.selected_workers is None else set(self.selected_workers)
         for_stats, total = list(local_episodes), len(local_episodes)
-        for worker, episodes in zip(answered, ray.get(ready)):  # a failed worker's error surfaces here
+        fetched = ray.get(ready) if ready else []  # (no Ray call without remote workers: Ray may not be running)
+        for worker, episodes in zip(answered, fetched):  # a failed worker's error surfaces here
             total += len(episodes)
             if worker in selected:
                 for_stats.extend(episodes)
