@@ -81,6 +81,8 @@ class Policy:
             if config.seed is not None:
                 torch.manual_seed(config.seed)
             self.model = make_model(observation_space, action_space, config.model).to(self.device)
+        # not fused=True: fused kernels update parameters without bumping their version counters, which
+        # numpy acting reads to notice new weights
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed if config.seed is not None else int(torch.seed() % 2**63))
@@ -149,7 +151,8 @@ class Policy:
                 if v.dtype.kind in "biuf"}
 
     def _backward(self, tensors: TensorBatch) -> dict[str, float]:
-        self.model.train()
+        if not self.model.training:  # (a walk over every module: not once per minibatch)
+            self.model.train()
         loss, stats = self.loss(tensors)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
@@ -198,7 +201,8 @@ class Policy:
             missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
             raise ValueError(f"set_weights: names differ from this model's (missing {missing}, unexpected "
                              f"{unexpected}); weights must come from a policy with the same ModelConfig and spaces")
-        self.model.load_state_dict({k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in weights.items()})
+        # np.array copies: arrays from Ray's object store are read-only
+        self.model.load_state_dict({k: torch.as_tensor(np.array(v), device=self.device) for k, v in weights.items()})
 
     def get_state(self) -> dict[str, Any]:
         """Weights, optimizer state, RNG states and the global timestep, as numpy and plain data."""

@@ -14,9 +14,14 @@ Examples:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
-__all__ = ["compute_gae", "discounted_returns", "compute_nstep"]
+from flowrl.sample_batch import (ADVANTAGES, NEXT_OBS, REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS,
+                                 SampleBatch)
+
+__all__ = ["compute_gae", "discounted_returns", "compute_nstep", "add_advantages"]
 
 
 def _check_discount(gamma: float, lambda_: float = 1.0) -> None:
@@ -120,3 +125,45 @@ def compute_nstep(*, rewards: np.ndarray, terminateds: np.ndarray, truncateds: n
         returns[t], next_index[t], done[t] = total, t + k, terminated[t + k]
         discounts[t] = 0.0 if done[t] else gamma ** (k + 1)
     return returns.astype(np.float32), next_index, done, discounts.astype(np.float32)
+
+
+def add_advantages(batch: SampleBatch, value_fn: Callable[[np.ndarray], np.ndarray], *, gamma: float,
+                   lambda_: float, use_gae: bool = True) -> SampleBatch:
+    """Adds ``advantages`` and ``value_targets`` to one trajectory piece (one env, one episode or part of one).
+
+    ``V(s_{t+1})`` inside the piece is the sampled ``vf_preds`` of the next row. The last row (and any
+    truncated row) bootstraps from ``value_fn(new_obs)`` unless its episode terminated. With ``use_gae``
+    the columns are GAE(gamma, lambda_) and ``advantages + vf_preds``; without, ``value_targets`` are the
+    bootstrapped discounted returns and ``advantages = value_targets - vf_preds``.
+
+    Args:
+        batch: the piece, with ``rewards``, ``vf_preds``, ``terminateds``, ``truncateds`` and ``new_obs``.
+        value_fn: ``V`` for a batch of observations (a policy's :meth:`~flowrl.policy.Policy.value`).
+
+    Returns:
+        ``batch``, with the two columns added in place.
+
+    Examples:
+        >>> piece = SampleBatch({REWARDS: np.ones(2, np.float32), VF_PREDS: np.full(2, 0.5, np.float32),
+        ...                      NEXT_OBS: np.zeros((2, 1), np.float32), TERMINATEDS: np.zeros(2, bool),
+        ...                      TRUNCATEDS: np.zeros(2, bool)})  # cut mid-episode: bootstrap V(new_obs) = 9
+        >>> out = add_advantages(piece, lambda obs: np.full(len(obs), 9.0, np.float32), gamma=1.0, lambda_=1.0)
+        >>> out[ADVANTAGES].tolist(), out[VALUE_TARGETS].tolist()
+        ([10.5, 9.5], [11.0, 10.0])
+    """
+    values, terminated, truncated = batch[VF_PREDS], batch[TERMINATEDS], batch[TRUNCATEDS]
+    bootstrap = truncated.copy()
+    bootstrap[-1:] = True  # the piece's last row ends its episode or cuts it
+    bootstrap &= ~terminated
+    next_values = np.append(values[1:], np.float32(0.0)).astype(np.float32)  # V(s_{t+1}) inside the piece
+    if bootstrap.any():
+        next_values[bootstrap] = value_fn(batch[NEXT_OBS][bootstrap])
+    if use_gae:
+        batch[ADVANTAGES], batch[VALUE_TARGETS] = compute_gae(
+            rewards=batch[REWARDS], values=values, next_values=next_values, terminateds=terminated,
+            truncateds=truncated, gamma=gamma, lambda_=lambda_)
+    else:
+        batch[VALUE_TARGETS] = discounted_returns(rewards=batch[REWARDS], terminateds=terminated,
+                                                  truncateds=truncated, gamma=gamma, bootstrap=next_values)
+        batch[ADVANTAGES] = batch[VALUE_TARGETS] - values.astype(np.float32)
+    return batch

@@ -10,7 +10,7 @@ from __future__ import annotations
 from flowrl.ops.concurrency import (ApexLearnerThread, Concurrently, Dequeue, Enqueue, LearnerThread, MinibatchBuffer,
                                     MultiGPULearnerThread)
 from flowrl.ops.metrics import (CollectMetrics, CountSteps, OncePerTimeInterval, OncePerTimestepsElapsed, ReportGate,
-                                StandardMetricsReporting)
+                                StandardMetricsReporting, WarnAboutBadRewardScales)
 from flowrl.ops.replay import MixInReplay, Replay, StoreToReplayBuffer, UpdatePriorities, WaitUntilTimestepsElapsed
 from flowrl.ops.rollout import AsyncGradients, ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields
 from flowrl.ops.train import (ApplyGradients, AverageGradients, BroadcastUpdateLearnerWeights, BroadcastWeights,
@@ -31,5 +31,5 @@ __all__ = [
     "ApexLearnerThread",
     # metrics
     "StandardMetricsReporting", "CollectMetrics", "ReportGate", "OncePerTimestepsElapsed", "OncePerTimeInterval",
-    "CountSteps",
+    "CountSteps", "WarnAboutBadRewardScales",
 ]

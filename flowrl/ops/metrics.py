@@ -30,9 +30,9 @@ import numpy as np
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator
 from flowrl.ops._common import check_batch, check_int
-from flowrl.sample_batch import AnyBatch
+from flowrl.sample_batch import DEFAULT_POLICY_ID, AnyBatch
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COUNTER, CUSTOM_METRICS,
-                            LAST_REPORT_TIMESTEPS, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER,
+                            LAST_REPORT_TIMESTEPS, LEARNER_INFO, LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from flowrl.workers import WorkerSet
 
 __all__ = ["OncePerTimestepsElapsed", "OncePerTimeInterval", "ReportGate", "CollectMetrics",
-           "StandardMetricsReporting", "CountSteps"]
+           "StandardMetricsReporting", "CountSteps", "WarnAboutBadRewardScales"]
 
 logger = logging.getLogger(__name__)
 
@@ -455,3 +455,50 @@ class CountSteps(MetricsBinding):
 
     def __repr__(self) -> str:
         return f"CountSteps({self.counter})"
+
+
+class WarnAboutBadRewardScales:
+    """Consumes result dicts and passes them on; logs a warning when rewards look badly scaled for PPO.
+
+    Use with ``.for_each()`` after ``StandardMetricsReporting``. It warns (RLlib's check) when
+    ``|episode_reward_mean| / vf_clip_param`` exceeds 200, so value clipping would stall value learning,
+    and when the scaled value loss of a policy with a shared trunk exceeds 100. Multi-agent results
+    (non-empty ``policy_reward_mean``) are not checked.
+
+    Args:
+        config: a PPO-style config with ``vf_clip_param``, ``vf_loss_coeff`` and ``model.vf_share_layers``.
+
+    Metrics: none.
+
+    Examples:
+        >>> from flowrl.algorithms.ppo import PPOConfig
+        >>> check = WarnAboutBadRewardScales(PPOConfig(vf_clip_param=0.5))
+        >>> check({"episode_reward_mean": 500.0, "policy_reward_mean": {}})["episode_reward_mean"]  # warns
+        500.0
+    """
+
+    def __init__(self, config: Any) -> None:
+        missing = [f for f in ("vf_clip_param", "vf_loss_coeff", "model") if not hasattr(config, f)]
+        if missing:
+            raise ValueError(f"WarnAboutBadRewardScales needs a PPO-style config; {type(config).__name__} lacks "
+                             f"{missing}")
+        self.config = config
+
+    def __call__(self, result: dict[str, Any]) -> dict[str, Any]:
+        if result.get("policy_reward_mean"):
+            return result
+        stats = result.get("info", {}).get(LEARNER_INFO, {}).get(DEFAULT_POLICY_ID, {}).get(LEARNER_STATS_KEY, {})
+        scaled_vf_loss = self.config.vf_loss_coeff * float(stats.get("vf_loss", 0.0))
+        if self.config.model.vf_share_layers and scaled_vf_loss > 100:
+            logger.warning("The value loss (%.1f, scaled by vf_loss_coeff) dwarfs the policy loss (%.3g) in a shared "
+                           "trunk, which can stop the policy from learning; lower vf_loss_coeff or set "
+                           "ModelConfig(vf_share_layers=False)", scaled_vf_loss, stats.get("policy_loss", math.nan))
+        reward = float(result.get("episode_reward_mean", math.nan))
+        if math.isfinite(reward) and abs(reward) / self.config.vf_clip_param > 200:
+            logger.warning("The mean episode return (%.1f) is over 200x vf_clip_param=%s, so value clipping slows "
+                           "value learning; raise vf_clip_param or scale the rewards down", reward,
+                           self.config.vf_clip_param)
+        return result
+
+    def __repr__(self) -> str:
+        return "WarnAboutBadRewardScales"

@@ -1,0 +1,115 @@
+"""PG: vanilla policy gradient (REINFORCE), the simplest plan (RLlib Flow, https://arxiv.org/abs/2011.12719).
+
+Dataflow (SEMANTICS.md §4.1): the workers sample in lockstep (``ParallelRollouts(bulk_sync)``; with
+``num_workers=0`` the driver samples), the fragments are concatenated into train batches of
+``train_batch_size`` steps, and each batch takes one gradient step on the local policy whose weights
+are then broadcast to every worker (``TrainOneStep``). Reports come from ``StandardMetricsReporting``.
+The policy is REINFORCE: ``loss = -mean(logp(a_t) * G_t)`` with discounted returns-to-go ``G_t``.
+
+Examples:
+    >>> config = PGConfig(env="CartPole-v1", train_batch_size=400, seed=0)
+    >>> config.num_workers, config.lr
+    (0, 0.0004)
+    >>> PGConfig(train_batch_size=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: train_batch_size=0 must be a positive int (steps per train batch)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from flowrl.algorithms import Algorithm
+from flowrl.config import TrainerConfig
+from flowrl.iter import LocalIterator
+from flowrl.ops.metrics import StandardMetricsReporting
+from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
+from flowrl.ops.train import MultiGPUTrainOneStep, TrainOneStep
+from flowrl.policy import Policy, TensorBatch
+from flowrl.postprocessing import discounted_returns
+from flowrl.sample_batch import ACTIONS, OBS, RETURNS, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
+from flowrl.workers import WorkerSet
+
+__all__ = ["PGConfig", "PGPolicy", "plan", "train_step", "ALGORITHM"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PGConfig(TrainerConfig):
+    """PG's config: :class:`~flowrl.config.TrainerConfig` with RLlib's PG defaults.
+
+    Attributes:
+        num_workers: 0, so the driver samples and learns (SEMANTICS.md §4.1).
+        lr: Adam learning rate, 4e-4 (RLlib's PG default).
+    """
+
+    num_workers: int = 0
+    lr: float = 0.0004
+
+
+class PGPolicy(Policy):
+    """REINFORCE: each step's discounted return-to-go weights the log-likelihood of its action.
+
+    ``postprocess_trajectory`` adds the ``returns`` column (``discounted_returns`` with ``config.gamma``,
+    restarting at episode ends; a fragment cut mid-episode counts its cut as zero-valued), and
+    ``loss`` is ``-mean(logp(a_t | s_t) * G_t)``. The value head is unused.
+
+    Examples:
+        >>> import gymnasium as gym, numpy as np
+        >>> policy = PGPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), PGConfig(gamma=0.5, seed=0))
+        >>> piece = SampleBatch({OBS: np.zeros((3, 4), np.float32), ACTIONS: np.zeros(3, np.int64),
+        ...                      REWARDS: np.ones(3, np.float32), TERMINATEDS: np.array([False, False, True]),
+        ...                      TRUNCATEDS: np.zeros(3, bool)})
+        >>> policy.postprocess_trajectory(piece)[RETURNS].tolist()
+        [1.75, 1.5, 1.0]
+        >>> sorted(policy.learn_on_batch(piece)["learner_stats"])
+        ['entropy', 'loss']
+    """
+
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        batch[RETURNS] = discounted_returns(rewards=batch[REWARDS], terminateds=batch[TERMINATEDS],
+                                            truncateds=batch[TRUNCATEDS], gamma=self.config.gamma)
+        return batch
+
+    def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        dist = self.action_distribution(self.model(batch[OBS])[0])
+        policy_loss = -(dist.logp(batch[ACTIONS]) * batch[RETURNS]).mean()
+        return policy_loss, {"entropy": float(dist.entropy().detach().mean())}
+
+
+def train_step(workers: WorkerSet, config: TrainerConfig) -> TrainOneStep | MultiGPUTrainOneStep:
+    """The learn-and-broadcast stage of the sync plans (PG, A2C): ``TrainOneStep``, or, when
+    ``config.use_simple_optimizer`` is False, ``MultiGPUTrainOneStep`` with one epoch over the whole batch
+    (SEMANTICS.md §4, common defaults; §4.2 step 3)."""
+    if config.use_simple_optimizer:
+        return TrainOneStep(workers)
+    return MultiGPUTrainOneStep(workers, sgd_minibatch_size=config.train_batch_size, num_sgd_iter=1,
+                                num_gpus=config.num_gpus,  # type: ignore[arg-type]  # the op checks it is whole
+                                _fake_gpus=config._fake_gpus)
+
+
+def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
+    """PG (SEMANTICS.md §4.1): sample in lockstep, concat to ``train_batch_size``, train + broadcast, report.
+
+    Any :class:`~flowrl.config.TrainerConfig` works, so another algorithm's policy can run under this plan.
+
+    Examples:
+        >>> workers = WorkerSet(policy_class=PGPolicy, config=PGConfig(seed=0))
+        >>> it = plan(workers, PGConfig(seed=0))
+        >>> repr(it).startswith("LocalIterator[ParallelRollouts(bulk_sync).combine(ConcatBatches(200))"
+        ...                     ".for_each(TrainOneStep)")
+        True
+        >>> next(it)["timesteps_total"]
+        200
+    """
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    train_op = (rollouts
+                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
+                .for_each(train_step(workers, config)))
+    return StandardMetricsReporting(train_op, workers, config)
+
+
+ALGORITHM = Algorithm("pg", PGConfig, PGPolicy, plan)

@@ -1,0 +1,246 @@
+"""PPO: proximal policy optimization as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719; PPO,
+https://arxiv.org/abs/1707.06347).
+
+Dataflow (SEMANTICS.md §4.4): the workers sample in lockstep (``ParallelRollouts(bulk_sync)``), only the
+trained policies' experiences are kept, the fragments are concatenated to ``train_batch_size`` steps and
+their advantages standardized; the learner then runs ``num_sgd_iter`` epochs of minibatch SGD and broadcasts
+the new weights (``TrainOneStep``, or ``MultiGPUTrainOneStep``), and the KL coefficient adapts to the sampled
+KL (``UpdateKL``). Each report is followed by a warning-only check for badly scaled rewards.
+
+The policy's loss is RLlib's: clipped surrogate, clipped value loss, entropy bonus and an adaptive KL penalty.
+
+Examples:
+    >>> config = PPOConfig(env="CartPole-v1", seed=0)
+    >>> config.train_batch_size, config.sgd_minibatch_size, config.num_sgd_iter, config.lr, config.clip_param
+    (4000, 128, 30, 5e-05, 0.3)
+    >>> PPOConfig(train_batch_size=100)
+    Traceback (most recent call last):
+    ...
+    ValueError: sgd_minibatch_size=128 exceeds train_batch_size=100; lower sgd_minibatch_size or raise train_batch_size
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.algorithms import Algorithm
+from flowrl.config import PolicyConfig, TrainerConfig
+from flowrl.iter import LocalIterator
+from flowrl.ops import (ConcatBatches, MultiGPUTrainOneStep, ParallelRollouts, SelectExperiences, StandardizeFields,
+                        StandardMetricsReporting, TrainOneStep, UpdateKL, WarnAboutBadRewardScales)
+from flowrl.policy import Policy, TensorBatch
+from flowrl.postprocessing import add_advantages
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS,
+                                 REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
+from flowrl.workers import WorkerSet
+
+__all__ = ["PPOConfig", "PPOPolicy", "plan", "ALGORITHM"]
+
+# the columns PPO's loss reads; the learner converts only these to tensors
+_LOSS_COLUMNS = (OBS, ACTIONS, LOGP, ACTION_DIST_INPUTS, VF_PREDS, ADVANTAGES, VALUE_TARGETS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PPOConfig(TrainerConfig):
+    """PPO's config: :class:`~flowrl.config.TrainerConfig` with RLlib's PPO defaults (SEMANTICS.md §4.4).
+
+    Attributes:
+        rollout_fragment_length: 200 steps per env per sample.
+        train_batch_size: 4000 steps per train batch.
+        sgd_minibatch_size: rows per SGD minibatch (128); at most ``train_batch_size``.
+        num_sgd_iter: epochs over each train batch (30).
+        shuffle_sequences: the multi-device learner permutes the rows of each batch before splitting it.
+        lr: Adam learning rate (5e-5).
+        use_gae: advantages by GAE(gamma, lambda_) (True) or as discounted returns minus ``V(s)`` (False).
+        lambda_: GAE's bias-variance trade-off, in [0, 1] (1.0).
+        kl_coeff: the initial coefficient of the KL penalty (0.2); 0 turns the penalty off.
+        kl_target: the KL that ``update_kl`` steers towards (0.01): the coefficient is multiplied by 1.5
+            when the sampled KL exceeds twice the target and by 0.5 when it is below half of it.
+        clip_param: the surrogate's ratio clip ``epsilon`` (0.3).
+        vf_clip_param: how far a value prediction may move from the sampled ``vf_preds`` before its loss is
+            clipped (10.0); scale it with the returns.
+        vf_loss_coeff: weight of the value loss (1.0).
+        entropy_coeff: weight of the entropy bonus (0.0).
+    """
+
+    train_batch_size: int = 4000
+    sgd_minibatch_size: int = 128
+    num_sgd_iter: int = 30
+    shuffle_sequences: bool = True
+    lr: float = 5e-5
+    use_gae: bool = True
+    lambda_: float = 1.0
+    kl_coeff: float = 0.2
+    kl_target: float = 0.01
+    clip_param: float = 0.3
+    vf_clip_param: float = 10.0
+    vf_loss_coeff: float = 1.0
+    entropy_coeff: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, meaning in (("sgd_minibatch_size", "rows per SGD minibatch"), ("num_sgd_iter", "epochs per batch")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int ({meaning})")
+        if self.sgd_minibatch_size > self.train_batch_size:
+            raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} exceeds train_batch_size="
+                             f"{self.train_batch_size}; lower sgd_minibatch_size or raise train_batch_size")
+        if not 0.0 <= self.lambda_ <= 1.0:
+            raise ValueError(f"lambda_={self.lambda_} must be in [0, 1] (1.0: Monte Carlo advantages, 0.0: one-step "
+                             f"TD errors)")
+        if not self.kl_coeff >= 0:
+            raise ValueError(f"kl_coeff={self.kl_coeff} must be >= 0 (0 turns the KL penalty off)")
+        if not self.kl_target > 0:
+            raise ValueError(f"kl_target={self.kl_target} must be > 0, e.g. 0.01")
+        if not self.clip_param > 0:
+            raise ValueError(f"clip_param={self.clip_param} must be > 0, e.g. 0.2 or 0.3")
+        if not self.vf_clip_param > 0:
+            raise ValueError(f"vf_clip_param={self.vf_clip_param} must be > 0 (float('inf') turns value clipping off)")
+        if not self.vf_loss_coeff >= 0:
+            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
+        if not self.entropy_coeff >= 0:
+            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
+
+
+class PPOPolicy(Policy):
+    """The PPO policy: GAE postprocessing and RLlib's PPO loss with an adaptive KL coefficient.
+
+    ``postprocess_trajectory`` adds ``advantages`` and ``value_targets`` to each trajectory piece (one env,
+    one episode): GAE over the sampled ``vf_preds``, where a terminated episode's last step has no future
+    value and a truncated one, or a fragment cut mid-episode, bootstraps from ``V(new_obs)`` of its last row.
+
+    ``loss`` is the mean over rows of ``-min(A r, A clip(r, 1 - eps, 1 + eps)) + kl_coeff KL(old || new)
+    + vf_loss_coeff max((V - target)^2, (V_clipped - target)^2) - entropy_coeff H``, with ``r`` the
+    probability ratio of the new and the sampling policy and ``V_clipped`` the prediction kept within
+    ``vf_clip_param`` of ``vf_preds`` (RLlib's, after PPO2). :meth:`update_kl` adapts ``kl_coeff``, which
+    is part of :meth:`get_state`.
+
+    Args:
+        observation_space / action_space: as for :class:`~flowrl.policy.Policy`.
+        config: a :class:`PPOConfig`.
+
+    Raises:
+        TypeError: a config that is not a :class:`PPOConfig`.
+
+    Examples:
+        >>> policy = PPOPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), PPOConfig(gamma=1.0, seed=0))
+        >>> piece = SampleBatch({OBS: np.zeros((2, 4), np.float32), NEXT_OBS: np.zeros((2, 4), np.float32),
+        ...                      REWARDS: np.ones(2, np.float32), VF_PREDS: np.full(2, 0.5, np.float32),
+        ...                      TERMINATEDS: np.array([False, True]), TRUNCATEDS: np.zeros(2, bool)})
+        >>> out = policy.postprocess_trajectory(piece)
+        >>> out[ADVANTAGES].tolist(), out[VALUE_TARGETS].tolist()
+        ([1.5, 0.5], [2.0, 1.0])
+        >>> policy.update_kl(0.05)  # above 2 x kl_target: 0.2 x 1.5
+        >>> policy.update_kl(0.001)  # below kl_target / 2: then x 0.5
+        >>> round(policy.kl_coeff, 6), policy.get_state()["kl_coeff"] == policy.kl_coeff
+        (0.15, True)
+    """
+
+    config: PPOConfig
+
+    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
+        if not isinstance(config, PPOConfig):
+            raise TypeError(f"PPOPolicy needs a PPOConfig for its loss settings, got {type(config).__name__}; "
+                            f"build the workers with PPOConfig(...)")
+        super().__init__(observation_space, action_space, config)
+        self.kl_coeff = float(config.kl_coeff)
+
+    # -- postprocessing ---------------------------------------------------------------------------
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        cfg = self.config
+        return add_advantages(batch, self.value, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)
+
+    # -- loss -------------------------------------------------------------------------------------
+    def to_tensors(self, batch: SampleBatch) -> TensorBatch:
+        """Only the columns the loss reads (fewer conversions per minibatch); all numeric ones otherwise."""
+        if all(k in batch for k in _LOSS_COLUMNS):
+            return {k: torch.as_tensor(batch[k], device=self.device) for k in _LOSS_COLUMNS}
+        return super().to_tensors(batch)
+
+    def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        dist_inputs, values = self.model(batch[OBS])
+        dist = self.dist_class(dist_inputs)
+        ratio = torch.exp(dist.logp(batch[ACTIONS]) - batch[LOGP])
+        adv = batch[ADVANTAGES]
+        surrogate = torch.min(adv * ratio, adv * ratio.clamp(1.0 - cfg.clip_param, 1.0 + cfg.clip_param))
+        policy_loss = -surrogate.mean()
+        kl = self.dist_class(batch[ACTION_DIST_INPUTS]).kl(dist).mean()
+        entropy = dist.entropy().mean()
+        old_values, targets = batch[VF_PREDS], batch[VALUE_TARGETS]
+        clipped = old_values + (values - old_values).clamp(-cfg.vf_clip_param, cfg.vf_clip_param)
+        vf_loss = torch.max((values - targets).pow(2), (clipped - targets).pow(2)).mean()
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
+        if self.kl_coeff > 0:
+            total = total + self.kl_coeff * kl
+        parts = torch.stack([total, policy_loss, vf_loss, kl, entropy]).detach().tolist()  # one read-out
+        stats = dict(zip(("total_loss", "policy_loss", "vf_loss", "kl", "entropy"), parts))
+        stats["cur_kl_coeff"] = self.kl_coeff
+        return total, stats
+
+    def update_kl(self, sampled_kl: float) -> None:
+        """Adapts ``kl_coeff`` as RLlib does: x1.5 above ``2 * kl_target``, x0.5 below ``kl_target / 2``."""
+        if sampled_kl > 2.0 * self.config.kl_target:
+            self.kl_coeff *= 1.5
+        elif sampled_kl < 0.5 * self.config.kl_target:
+            self.kl_coeff *= 0.5
+
+    # -- state ------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """The base state plus the adapted ``kl_coeff``."""
+        return {**super().get_state(), "kl_coeff": self.kl_coeff}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        if "kl_coeff" not in state:
+            raise ValueError(f"PPOPolicy.set_state: the state has no 'kl_coeff' (keys {sorted(state)}); restore "
+                             f"a state saved by a PPOPolicy")
+        self.kl_coeff = float(state["kl_coeff"])
+
+
+def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
+    """PPO (SEMANTICS.md §4.4): sample in lockstep, keep trained policies, concat, standardize advantages,
+    minibatch SGD + broadcast, adapt KL; report and check reward scales.
+
+    Examples:
+        >>> config = PPOConfig(seed=0, num_workers=0, train_batch_size=200, sgd_minibatch_size=50, num_sgd_iter=2)
+        >>> it = plan(WorkerSet(policy_class=PPOPolicy, config=config), config)
+        >>> for stage in repr(it).split("."):
+        ...     print(stage)
+        LocalIterator[ParallelRollouts(bulk_sync)
+        for_each(SelectExperiences(['default_policy']))
+        combine(ConcatBatches(200))
+        for_each(StandardizeFields(['advantages']))
+        for_each(TrainOneStep)
+        for_each(UpdateKL)
+        filter(ReportGate(0 steps, 0 s))
+        for_each(CollectMetrics)
+        for_each(WarnAboutBadRewardScales)]
+        >>> next(it)["info"]["num_steps_trained"]
+        200
+    """
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    if config.use_simple_optimizer:
+        learn: TrainOneStep | MultiGPUTrainOneStep = TrainOneStep(
+            workers, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size)
+    else:
+        learn = MultiGPUTrainOneStep(workers, sgd_minibatch_size=config.sgd_minibatch_size,
+                                     num_sgd_iter=config.num_sgd_iter, shuffle_sequences=config.shuffle_sequences,
+                                     num_gpus=config.num_gpus,  # type: ignore[arg-type]  # the op checks it is whole
+                                     _fake_gpus=config._fake_gpus)
+    train_op = (rollouts
+                .for_each(SelectExperiences(workers.local_worker().policies_to_train))
+                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
+                .for_each(StandardizeFields([ADVANTAGES]))
+                .for_each(learn)
+                .for_each(UpdateKL(workers)))  # reads the train op's (batch, learner_info) output
+    return StandardMetricsReporting(train_op, workers, config).for_each(WarnAboutBadRewardScales(config))
+
+
+ALGORITHM = Algorithm("ppo", PPOConfig, PPOPolicy, plan)
