@@ -81,6 +81,8 @@ class Trainer:
         if config.num_workers:
             runtime.ensure_initialized()
         self.workers = WorkerSet(policy_class=self.algorithm.policy_class, config=config)
+        make_state = self.algorithm.make_owned_state
+        self.owned_state: dict[str, Any] = dict(make_state(config)) if make_state is not None else {}
         self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
         self._plan = self._build_plan()
 
@@ -94,7 +96,7 @@ class Trainer:
                                  f"num_gpus=0, or _fake_gpus=True to run the multi-device path on the CPU")
 
     def _build_plan(self) -> LocalIterator[dict[str, Any]]:
-        plan = self.algorithm.plan(self.workers, self.config)
+        plan = self.algorithm.plan(self.workers, self.config, **getattr(self, "owned_state", {}))
         if not isinstance(plan, LocalIterator):
             raise TypeError(f"{self.algorithm.name} plan returned {type(plan).__name__}; a plan returns the "
                             f"LocalIterator of result dicts (end it with StandardMetricsReporting)")
@@ -165,9 +167,17 @@ class Trainer:
             "metrics": self._plan.metrics.save(),
             "trainer": {"training_iteration": self.training_iteration, "time_total_s": self.time_total_s,
                         "episodes_total": self.episodes_total},
+            "owned_state": {name: obj.get_state() for name, obj in self._checkpointed_state().items()},
         }
         name = f"checkpoint_{self.training_iteration:06d}"
         return write_checkpoint(Path(checkpoint_dir), name, state, algorithm=self.algorithm.name)
+
+    def _checkpointed_state(self) -> dict[str, Any]:
+        """The trainer-owned objects a checkpoint holds: none unless ``store_buffer_in_checkpoints``."""
+        if not self.config.store_buffer_in_checkpoints:
+            return {}
+        return {name: obj for name, obj in self.owned_state.items()
+                if callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None))}
 
     def restore(self, checkpoint_path: str | Path) -> None:
         """Loads a checkpoint from :meth:`save` into this live trainer: weights, optimizer and RNG states
@@ -186,6 +196,9 @@ class Trainer:
                                "%d", len(saved), len(remote), min(len(saved), len(remote)))
             ray.get([w.set_state.remote(s) for w, s in zip(remote, saved)])
         self._plan.metrics.restore(state["metrics"])
+        for name, obj in self._checkpointed_state().items():
+            if name in state.get("owned_state", {}):
+                obj.set_state(state["owned_state"][name])
         trainer = state["trainer"]
         self.training_iteration = int(trainer["training_iteration"])
         self.time_total_s = float(trainer["time_total_s"])

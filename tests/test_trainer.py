@@ -192,3 +192,34 @@ def test_a_worker_failure_propagates_when_neither_flag_is_set() -> None:
             isinstance(raised.value.__cause__, ray.exceptions.RayActorError)
     finally:
         trainer.stop()
+
+
+def stored_pg_plan(workers: WorkerSet, config: TrainerConfig, *,
+                   replay_buffer: Any = None) -> LocalIterator[dict[str, Any]]:
+    from flowrl.ops.replay import StoreToReplayBuffer
+    from flowrl.replay_buffers import LocalReplayBuffer
+
+    buf = replay_buffer if replay_buffer is not None else LocalReplayBuffer(learning_starts=0, capacity=1000)
+    train_op = (ParallelRollouts(workers).for_each(StoreToReplayBuffer(local_buffer=buf))
+                .combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers)))
+    return StandardMetricsReporting(train_op, workers, config)
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_trainer_owned_state_reaches_every_plan_and_is_checkpointed_on_request(tmp_path: Path, store: bool) -> None:
+    from flowrl.replay_buffers import LocalReplayBuffer
+
+    algo = Algorithm("stored_pg", TrainerConfig, TinyPGPolicy, stored_pg_plan,
+                     make_owned_state=lambda cfg: {"replay_buffer": LocalReplayBuffer(learning_starts=0,
+                                                                                      capacity=1000)})
+    trainer = Trainer(algo, dataclasses.replace(CFG, store_buffer_in_checkpoints=store))
+    buf = trainer.owned_state["replay_buffer"]
+    trainer.train()
+    added = buf.num_added
+    assert added >= CFG.train_batch_size  # the plan stored into the trainer's buffer
+    path = trainer.save(tmp_path)
+    trainer.train()
+    assert buf.num_added > added
+    trainer.restore(path)
+    assert (buf.num_added == added) is store  # replay data rewinds only when checkpoints hold it
+    trainer.stop()

@@ -46,12 +46,17 @@ class Algorithm:
         config_class: its frozen config (a :class:`~flowrl.config.TrainerConfig` subclass).
         policy_class: the policy its workers run.
         plan: ``plan(workers, config, **trainer_owned_state) -> LocalIterator[dict]``.
+        make_owned_state: ``config -> {name: state}``, what the trainer creates once and passes to every
+            (re)built plan as keyword arguments, e.g. ``{"replay_buffer": LocalReplayBuffer(...)}``
+            (SEMANTICS.md §5). Objects with ``get_state``/``set_state`` are checkpointed when the config
+            sets ``store_buffer_in_checkpoints``. ``None``: nothing.
     """
 
     name: str
     config_class: type[TrainerConfig]
     policy_class: type[Policy]
     plan: Callable[..., LocalIterator[dict[str, Any]]]
+    make_owned_state: Callable[[Any], dict[str, Any]] | None = None
 
 
 def get_algorithm(name: str) -> Algorithm:
