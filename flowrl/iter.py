@@ -1151,7 +1151,8 @@ class ParallelIterator(Generic[T]):
         pairs = self._pairs()
         if not isinstance(shard_index, int) or not 0 <= shard_index < len(pairs):
             raise ValueError(f"get_shard({shard_index!r}): {self!r} has shards 0..{len(pairs) - 1}")
-        shard: ParallelIterator[T] = ParallelIterator([_ActorSet([pairs[shard_index][0]], pairs[shard_index][1])], self._name, self._parents)
+        actor, transforms = pairs[shard_index]
+        shard: ParallelIterator[T] = ParallelIterator([_ActorSet([actor], transforms)], self._name, self._parents)
         return LocalIterator(lambda ctx: _AsyncSource(shard, ctx, num_async, batch_ms, in_order=True),
                              f"{self!r}.shard[{shard_index}]")
 

@@ -256,7 +256,8 @@ class NumpyActing:
             return None
         if dist_class not in (Categorical, DiagGaussian) or any(p.device.type != "cpu" for p in model.parameters()):
             return None
-        if model.vf_trunk is not None and max(m.out_features for m in model.modules() if isinstance(m, nn.Linear)) > 128:
+        widest = max(m.out_features for m in model.modules() if isinstance(m, nn.Linear))
+        if model.vf_trunk is not None and widest > 128:
             return None  # side-by-side trunks double the work of wide layers; torch is as fast there
         return NumpyActing(model, dist_class, model.activation_name)
 
@@ -270,7 +271,8 @@ class NumpyActing:
             return [] if seq is None else [(m.weight.detach().numpy().T, m.bias.detach().numpy())
                                            for m in seq.modules() if isinstance(m, nn.Linear)]
 
-        pi, vf, heads = linears(model.pi_trunk), linears(model.vf_trunk), linears(model.pi_head) + linears(model.vf_head)
+        pi, vf = linears(model.pi_trunk), linears(model.vf_trunk)
+        heads = linears(model.pi_head) + linears(model.vf_head)
         if vf:  # separate trunks side by side: [pi | vf] features through block-diagonal layers
             fused = [(np.concatenate([pi[0][0], vf[0][0]], 1), np.concatenate([pi[0][1], vf[0][1]]))]
             fused += [(_block_diag(p[0], v[0]), np.concatenate([p[1], v[1]])) for p, v in zip(pi[1:], vf[1:])]

@@ -156,7 +156,8 @@ class SampleBatch(dict[str, np.ndarray]):
         for b in batches[1:]:
             if set(b) != keys:
                 raise ValueError(f"SampleBatch.concat(): column sets differ: {sorted(keys)} vs {sorted(b)}")
-        return SampleBatch._of_checked({k: np.concatenate([dict.__getitem__(b, k) for b in batches]) for k in batches[0]})
+        return SampleBatch._of_checked({k: np.concatenate([dict.__getitem__(b, k) for b in batches])
+                                        for k in batches[0]})
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SampleBatch):

@@ -74,8 +74,9 @@ class Trainer:
         self.algorithm = algorithm if isinstance(algorithm, Algorithm) else get_algorithm(algorithm)
         config = self.algorithm.config_class() if config is None else config
         if not isinstance(config, self.algorithm.config_class):
-            raise TypeError(f"Trainer({self.algorithm.name!r}) needs a {self.algorithm.config_class.__name__}, got "
-                            f"{type(config).__name__}; build the config with {self.algorithm.config_class.__name__}(...)")
+            wanted = self.algorithm.config_class.__name__
+            raise TypeError(f"Trainer({self.algorithm.name!r}) needs a {wanted}, got {type(config).__name__}; build "
+                            f"the config with {wanted}(...)")
         self.config = config
         self._check_learner_devices()
         if config.num_workers:

@@ -115,8 +115,8 @@ class ActorCriticPolicy(Policy):
     """The advantage actor-critic policy of A2C and A3C.
 
     ``postprocess_trajectory`` adds ``advantages`` and ``value_targets`` to each trajectory piece
-    (:func:`flowrl.postprocessing.add_advantages`): GAE over the sampled ``vf_preds`` (or discounted returns minus ``vf_preds``
-    when ``use_gae=False``). A terminated episode's last step has no future value; a truncated one, or a
+    (:func:`flowrl.postprocessing.add_advantages`): GAE over the sampled ``vf_preds`` (or discounted returns
+    minus ``vf_preds`` when ``use_gae=False``). A terminated episode's last step has no future value; a truncated one, or a
     fragment cut mid-episode, bootstraps from ``V(new_obs)`` of its last row. ``loss`` is
     ``-mean(logp(a) * A) + vf_loss_coeff * 0.5 * mean((V(s) - target)^2) - entropy_coeff * mean(entropy)``;
     ``grad_clip`` clips the gradients.

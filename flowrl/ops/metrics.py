@@ -32,7 +32,8 @@ from flowrl.iter import LocalIterator
 from flowrl.ops._common import check_batch, check_int
 from flowrl.sample_batch import DEFAULT_POLICY_ID, AnyBatch
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COUNTER, CUSTOM_METRICS,
-                            LAST_REPORT_TIMESTEPS, LEARNER_INFO, LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER,
+                            LAST_REPORT_TIMESTEPS, LEARNER_INFO, LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER,
+                            STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)

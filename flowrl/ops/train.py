@@ -28,7 +28,8 @@ import torch
 
 from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, APPLY_GRADS_TIMER, COMPUTE_GRADS_TIMER, LAST_TARGET_UPDATE_TS,
                             LEARN_ON_BATCH_TIMER, LEARNER_INFO, LEARNER_STATS_KEY, LOAD_BATCH_TIMER,
-                            NUM_LEARNER_UPDATES, NUM_TARGET_UPDATES, NUM_WEIGHT_BROADCASTS, NUM_WEIGHT_SYNCS, STEPS_SAMPLED_COUNTER,
+                            NUM_LEARNER_UPDATES, NUM_TARGET_UPDATES, NUM_WEIGHT_BROADCASTS, NUM_WEIGHT_SYNCS,
+                            STEPS_SAMPLED_COUNTER,
                             STEPS_TRAINED_COUNTER, STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER,
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
 from flowrl.ops._common import check_batch, check_int
