@@ -7,11 +7,11 @@ maps a name to its module and imports it on first use, so ``flowrl.algorithms`` 
 
 Examples:
     >>> sorted(ALGORITHMS)
-    ['a2c', 'a3c', 'pg', 'ppo']
+    ['a2c', 'a3c', 'dqn', 'impala', 'pg', 'ppo']
     >>> get_algorithm("sac")
     Traceback (most recent call last):
     ...
-    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'pg', 'ppo']
+    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'dqn', 'impala', 'pg', 'ppo']
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ ALGORITHMS: dict[str, str] = {
     "a2c": "flowrl.algorithms.a2c",
     "a3c": "flowrl.algorithms.a3c",
     "ppo": "flowrl.algorithms.ppo",
+    "dqn": "flowrl.algorithms.dqn",
+    "impala": "flowrl.algorithms.impala",
 }
 
 

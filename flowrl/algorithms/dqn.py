@@ -1,0 +1,423 @@
+"""DQN: deep Q-learning from a replay buffer as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719; DQN,
+https://www.nature.com/articles/nature14236; double Q, https://arxiv.org/abs/1509.06461; dueling,
+https://arxiv.org/abs/1511.06581; prioritized replay, https://arxiv.org/abs/1511.05952).
+
+Dataflow (SEMANTICS.md §4.5): two sub-flows share one trainer-owned ``LocalReplayBuffer``. (1) The workers
+sample in lockstep (``ParallelRollouts(bulk_sync)``) and each fragment is stored (``StoreToReplayBuffer``).
+(2) ``Replay`` draws ``train_batch_size`` rows, the learner takes one step and broadcasts (``TrainOneStep``),
+the replayed rows get their new priorities (``UpdatePriorities``) and the target network is refreshed every
+``target_network_update_freq`` sampled steps (``UpdateTargetNetwork``). ``Concurrently(round_robin)`` joins
+them with weights from ``training_intensity``; before ``learning_starts`` the replay branch is not ready.
+
+Examples:
+    >>> config = DQNConfig(seed=0)
+    >>> config.num_workers, config.rollout_fragment_length, config.train_batch_size, config.round_robin_weights
+    (0, 4, 32, [1.0, 1.0])
+    >>> DQNConfig(training_intensity=64).round_robin_weights  # 64 trained per sampled step: 8 x 32 per 4 stored
+    [1.0, 8.0]
+    >>> DQNConfig(n_step=8)
+    Traceback (most recent call last):
+    ...
+    ValueError: rollout_fragment_length=4 is shorter than n_step=8; raise rollout_fragment_length to at least 8
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from flowrl.algorithms import Algorithm
+from flowrl.config import ModelConfig, PolicyConfig, TrainerConfig
+from flowrl.iter import LocalIterator
+from flowrl.models import _ConvEncoder, _mlp
+from flowrl.ops import (Concurrently, MultiGPUTrainOneStep, ParallelRollouts, Replay, StandardMetricsReporting,
+                        StoreToReplayBuffer, TrainOneStep, UpdatePriorities, UpdateTargetNetwork)
+from flowrl.policy import Policy, TensorBatch
+from flowrl.postprocessing import compute_nstep
+from flowrl.replay_buffers import LocalReplayBuffer
+from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
+                                 AnyBatch, SampleBatch)
+from flowrl.workers import WorkerSet
+
+__all__ = ["DQNConfig", "QModel", "DQNPolicy", "NSTEP_DISCOUNTS", "make_replay_buffer", "make_owned_state", "plan",
+           "ALGORITHM"]
+
+NSTEP_DISCOUNTS = "nstep_discounts"  # gamma^m of each row's n-step window, 0 where the window terminated
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+# the columns the Q-loss reads (those present are converted to tensors, nothing else)
+_LOSS_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, NSTEP_DISCOUNTS, WEIGHTS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DQNConfig(TrainerConfig):
+    """DQN's config: :class:`~flowrl.config.TrainerConfig` with RLlib's DQN defaults (SEMANTICS.md §4.5).
+
+    Attributes:
+        num_workers: remote rollout workers (0: the driver samples between train steps).
+        rollout_fragment_length: steps per env per stored fragment (4); at least ``n_step``.
+        train_batch_size: rows per replayed train batch (32).
+        timesteps_per_iteration / min_iter_time_s: a report waits for 1000 new steps and 1 s.
+        lr: Adam learning rate (5e-4). adam_epsilon: Adam's epsilon (1e-8). grad_clip: max gradient norm (40).
+        double_q: the bootstrap action is chosen by the online network, valued by the target one.
+        dueling: ``Q = V + A - mean(A)`` from separate value and advantage heads.
+        hiddens: widths of each head's hidden layers, after the ``model.hidden_sizes`` torso ((256,)).
+        n_step: steps summed before bootstrapping (1).
+        huber_delta: the Huber loss is quadratic for ``|td_error| < huber_delta`` and linear beyond (1.0).
+        target_network_update_freq: sampled env steps between target-network copies (500).
+        buffer_size: timesteps the replay buffer holds (50000).
+        learning_starts: timesteps stored before the first replay (1000).
+        prioritized_replay: proportional prioritized replay (True) or uniform replay (False).
+        prioritized_replay_alpha / _beta / _eps: priority exponent (0.6), importance-weight exponent (0.4)
+            and the constant added to ``|td_error|`` (1e-6).
+        replay_mode / replay_sequence_length: as for :class:`~flowrl.replay_buffers.LocalReplayBuffer`.
+        initial_epsilon / final_epsilon / epsilon_timesteps: epsilon-greedy exploration anneals linearly from
+            1.0 to 0.02 over the first 10000 sampled steps, then stays.
+        training_intensity: trained steps per sampled step; ``None`` alternates one store and one replay.
+            See :attr:`round_robin_weights`.
+        before_learn_on_batch: ``hook(batch, workers, config) -> batch`` applied to each replayed batch.
+    """
+
+    num_workers: int = 0
+    rollout_fragment_length: int = 4
+    train_batch_size: int = 32
+    timesteps_per_iteration: int = 1000
+    min_iter_time_s: float = 1
+    lr: float = 5e-4
+    adam_epsilon: float = 1e-8
+    grad_clip: float | None = 40
+    double_q: bool = True
+    dueling: bool = True
+    hiddens: tuple[int, ...] = (256,)
+    n_step: int = 1
+    huber_delta: float = 1.0
+    target_network_update_freq: int = 500
+    buffer_size: int = 50000
+    learning_starts: int = 1000
+    prioritized_replay: bool = True
+    prioritized_replay_alpha: float = 0.6
+    prioritized_replay_beta: float = 0.4
+    prioritized_replay_eps: float = 1e-6
+    replay_mode: Literal["independent", "lockstep"] = "independent"
+    replay_sequence_length: int = 1
+    initial_epsilon: float = 1.0
+    final_epsilon: float = 0.02
+    epsilon_timesteps: int = 10000
+    training_intensity: float | None = None
+    before_learn_on_batch: Callable[[AnyBatch, WorkerSet, DQNConfig], AnyBatch] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, low, meaning in (("n_step", 1, "steps per return, 1: one-step TD"),
+                                   ("buffer_size", 1, "timesteps the replay buffer holds"),
+                                   ("learning_starts", 0, "timesteps stored before the first replay"),
+                                   ("target_network_update_freq", 0, "sampled steps between target copies"),
+                                   ("epsilon_timesteps", 0, "sampled steps over which epsilon anneals"),
+                                   ("replay_sequence_length", 1, "timesteps per stored item")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} must be an int >= {low} ({meaning})")
+        if self.rollout_fragment_length < self.n_step:
+            raise ValueError(f"rollout_fragment_length={self.rollout_fragment_length} is shorter than n_step="
+                             f"{self.n_step}; raise rollout_fragment_length to at least {self.n_step}")
+        if not all(isinstance(h, int) and h > 0 for h in self.hiddens):
+            raise ValueError(f"hiddens={self.hiddens!r} must be positive ints, e.g. (256,), or () for linear heads")
+        for name in ("initial_epsilon", "final_epsilon"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a probability in [0, 1]")
+        for name in ("adam_epsilon", "huber_delta", "prioritized_replay_eps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
+        if not self.prioritized_replay_beta >= 0:
+            raise ValueError(f"prioritized_replay_beta={self.prioritized_replay_beta!r} must be >= 0 (0: no "
+                             f"importance weighting)")
+        if self.replay_mode not in ("independent", "lockstep"):
+            raise ValueError(f"replay_mode={self.replay_mode!r}; use 'independent' or 'lockstep'")
+        if self.prioritized_replay:
+            if not self.prioritized_replay_alpha > 0:
+                raise ValueError(f"prioritized_replay_alpha={self.prioritized_replay_alpha!r} must be > 0 with "
+                                 f"prioritized_replay=True; raise it (e.g. 0.6) or set prioritized_replay=False")
+            if self.replay_mode == "lockstep":
+                raise ValueError("replay_mode='lockstep' replays uniformly, so prioritized_replay=True has no "
+                                 "priorities to update; set prioritized_replay=False or replay_mode='independent'")
+            if not self.use_simple_optimizer:
+                raise ValueError(f"prioritized_replay=True with the multi-device learner (num_gpus={self.num_gpus}) "
+                                 f"is unsupported: MultiGPUTrainOneStep reports no per-row td_error; set "
+                                 f"prioritized_replay=False or simple_optimizer=True")
+        if self.training_intensity is not None and not (0 < self.training_intensity < float("inf")):
+            raise ValueError(f"training_intensity={self.training_intensity!r} must be a finite number > 0 (trained "
+                             f"steps per sampled step), or None for one replay per store")
+
+    @property
+    def round_robin_weights(self) -> list[float]:
+        """The plan's ``[store, replay]`` pulls per round-robin turn (SEMANTICS.md §4.5).
+
+        ``[1, 1]`` without ``training_intensity``; otherwise ``[1, training_intensity / native_ratio]`` with
+        ``native_ratio = train_batch_size / steps_per_store_item``, where one store item is one fragment from
+        every worker: ``rollout_fragment_length x num_envs_per_worker x max(num_workers, 1)`` steps (zero
+        remote workers: the local worker samples one fragment).
+        """
+        if self.training_intensity is None:
+            return [1.0, 1.0]
+        steps_per_store_item = self.rollout_fragment_length * self.num_envs_per_worker * max(self.num_workers, 1)
+        native_ratio = self.train_batch_size / steps_per_store_item
+        return [1.0, self.training_intensity / native_ratio]
+
+    def epsilon_at(self, timestep: int) -> float:
+        """The exploration epsilon after ``timestep`` sampled steps: linear from initial to final, then final."""
+        if timestep >= self.epsilon_timesteps:
+            return self.final_epsilon
+        return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * timestep / self.epsilon_timesteps
+
+
+class QModel(nn.Module):
+    """``forward(obs) -> q_values [B, A]``: an MLP (or CNN + MLP) torso and a Q head, dueling or plain.
+
+    Dueling: ``Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)``, with value and advantage heads of ``hiddens``.
+
+    Examples:
+        >>> model = QModel(gym.spaces.Box(-1, 1, (4,)), 3, ModelConfig(hidden_sizes=(8,)), hiddens=(5,), dueling=True)
+        >>> tuple(model(torch.zeros(2, 4)).shape)
+        (2, 3)
+    """
+
+    def __init__(self, obs_space: gym.spaces.Box, num_actions: int, config: ModelConfig, *,
+                 hiddens: tuple[int, ...], dueling: bool) -> None:
+        super().__init__()
+        act = _ACTIVATIONS[config.activation]
+        shape = tuple(obs_space.shape)
+        self.encoder: nn.Module
+        if len(shape) == 3:
+            conv = _ConvEncoder(shape, config.conv_filters, nn.ReLU, 255.0 if obs_space.dtype == np.uint8 else 1.0)
+            self.encoder, in_size = conv, conv.out_size
+        else:
+            self.encoder, in_size = nn.Flatten(), int(np.prod(shape))
+        torso = [in_size, *config.hidden_sizes]
+        self.torso = _mlp(torso, act)
+        head = [torso[-1], *hiddens]
+        self.advantage = nn.Sequential(_mlp(head, nn.ReLU), nn.Linear(head[-1], num_actions))
+        self.value = nn.Sequential(_mlp(head, nn.ReLU), nn.Linear(head[-1], 1)) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features = self.torso(self.encoder(obs.float() if obs.dtype != torch.uint8 else obs))
+        advantages_BA: torch.Tensor = self.advantage(features)
+        if self.value is None:
+            return advantages_BA
+        value_B1: torch.Tensor = self.value(features)
+        return value_B1 + advantages_BA - advantages_BA.mean(dim=-1, keepdim=True)
+
+
+class DQNPolicy(Policy):
+    """The DQN policy: epsilon-greedy acting, n-step postprocessing and the (double) Q-learning Huber loss.
+
+    ``compute_actions`` is one forward pass over the batch: greedy actions, each replaced with probability
+    ``epsilon`` by a uniform one (``explore=False``: greedy). ``epsilon`` follows ``DQNConfig.epsilon_at`` of
+    the global timestep that every weight broadcast carries (:meth:`on_global_var_update`).
+
+    ``postprocess_trajectory`` rewrites each piece with n-step windows (:func:`~flowrl.postprocessing.
+    compute_nstep`): ``rewards`` become ``sum_{k<m} gamma^k r_{t+k}``, ``new_obs`` the observation after the
+    window, ``terminateds`` whether the window ended in a terminal state, and the column ``nstep_discounts``
+    holds ``gamma^m`` (0 when terminated). A window stops at the episode's end: a terminated episode does not
+    bootstrap, a truncated one (time limit) or a fragment cut mid-episode does.
+
+    ``loss`` is ``mean_i w_i huber(Q(s_i, a_i) - y_i)`` with ``y = rewards + nstep_discounts * Q_target(s', a')``,
+    ``a' = argmax_a Q(s', a)`` with ``double_q`` (else ``argmax_a Q_target(s', a)``), and ``w`` the ``weights``
+    column of a prioritized replay (1 without). :meth:`learn_on_batch` returns the per-row ``td_error`` next to
+    ``learner_stats`` for ``UpdatePriorities``. :meth:`update_target` copies the online network into the
+    target network, which is part of :meth:`get_state` (not of the weights that workers receive).
+
+    Args:
+        observation_space: a ``Box``. action_space: a ``Discrete``.
+        config: a :class:`DQNConfig`.
+
+    Raises:
+        TypeError: a config that is not a :class:`DQNConfig`.
+        ValueError: an action space that is not ``Discrete``.
+
+    Examples:
+        >>> policy = DQNPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), DQNConfig(gamma=0.5, n_step=2))
+        >>> piece = SampleBatch({OBS: np.zeros((3, 4), np.float32), NEXT_OBS: np.arange(12, dtype=np.float32
+        ...                      ).reshape(3, 4), REWARDS: np.ones(3, np.float32), TERMINATEDS: np.zeros(3, bool),
+        ...                      TRUNCATEDS: np.array([False, False, True])})  # a time limit: bootstrap
+        >>> out = policy.postprocess_trajectory(piece)
+        >>> out[REWARDS].tolist(), out[NSTEP_DISCOUNTS].tolist(), out[NEXT_OBS][:, 0].tolist()
+        ([1.5, 1.5, 1.0], [0.25, 0.25, 0.5], [4.0, 8.0, 8.0])
+        >>> policy.on_global_var_update({"timestep": 5000})  # halfway through the 10000-step anneal
+        >>> round(policy.epsilon, 2)
+        0.51
+    """
+
+    config: DQNConfig
+    model: QModel  # type: ignore[assignment]  # DQN replaces the base actor-critic model by a Q-network
+
+    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
+        if not isinstance(config, DQNConfig):
+            raise TypeError(f"DQNPolicy needs a DQNConfig for its Q-learning settings, got {type(config).__name__}; "
+                            f"build the workers with DQNConfig(...)")
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ValueError(f"DQN needs a Discrete action space, got {action_space}; use an algorithm for "
+                             f"continuous actions (e.g. PPO) or discretize the env's actions")
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise ValueError(f"DQNPolicy needs a Box observation space, got {observation_space}")
+        super().__init__(observation_space, action_space, config)
+        self.num_actions = int(action_space.n)
+        with torch.random.fork_rng(devices=[]):
+            if config.seed is not None:
+                torch.manual_seed(config.seed)
+            self.model = QModel(observation_space, self.num_actions, config.model, hiddens=config.hiddens,
+                                dueling=config.dueling).to(self.device)
+        self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_epsilon)
+        self.numpy_acting = None  # the base class's fast path samples an actor-critic; DQN acts epsilon-greedily
+        self._td_error: np.ndarray = np.zeros(0, np.float32)
+
+    # -- acting -----------------------------------------------------------------------------------
+    @property
+    def epsilon(self) -> float:
+        """The current exploration epsilon (``DQNConfig.epsilon_at(global_timestep)``)."""
+        return self.config.epsilon_at(self.global_timestep)
+
+    @torch.no_grad()
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """``Q(obs, .)`` of the online network, ``[B, A]``."""
+        return self.model(self._obs_tensor(obs)).cpu().numpy()  # type: ignore[no-any-return]
+
+    def compute_actions(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Epsilon-greedy actions ``[B]`` for observations ``[B, ...]``; no extra columns."""
+        actions_B = self.q_values(obs).argmax(axis=-1).astype(np.int64)
+        if explore:
+            size = len(actions_B)
+            uniform_B = self.act_random.integers(self.num_actions, size=size)
+            actions_B = np.where(self.act_random.random(size) < self.epsilon, uniform_B, actions_B)
+        return actions_B, {}
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """``max_a Q(obs, a)``."""
+        return self.q_values(obs).max(axis=-1)  # type: ignore[no-any-return]
+
+    # -- postprocessing ---------------------------------------------------------------------------
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        returns, next_index, terminated, discounts = compute_nstep(
+            rewards=batch[REWARDS], terminateds=batch[TERMINATEDS], truncateds=batch[TRUNCATEDS],
+            n=self.config.n_step, gamma=self.config.gamma)
+        batch[REWARDS], batch[NEXT_OBS] = returns, batch[NEXT_OBS][next_index]
+        batch[TERMINATEDS], batch[NSTEP_DISCOUNTS] = terminated, discounts
+        return batch
+
+    # -- loss -------------------------------------------------------------------------------------
+    def to_tensors(self, batch: SampleBatch) -> TensorBatch:
+        """Only the columns the loss reads."""
+        return {k: torch.as_tensor(batch[k], device=self.device) for k in _LOSS_COLUMNS if k in batch}
+
+    def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        q_BA = self.model(batch[OBS])
+        q_B = q_BA.gather(1, batch[ACTIONS].long().unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            target_q_BA = self.target_model(batch[NEXT_OBS])
+            best_B = (self.model(batch[NEXT_OBS]) if cfg.double_q else target_q_BA).argmax(dim=1, keepdim=True)
+            next_q_B = target_q_BA.gather(1, best_B).squeeze(1)
+            if NSTEP_DISCOUNTS in batch:
+                discounts_B = batch[NSTEP_DISCOUNTS].float()
+            else:  # a batch that skipped postprocessing: one-step windows
+                discounts_B = cfg.gamma * (~batch[TERMINATEDS].bool()).float()
+            targets_B = batch[REWARDS].float() + discounts_B * next_q_B
+        td_error_B = q_B - targets_B
+        huber_B = nn.functional.huber_loss(q_B, targets_B, reduction="none", delta=cfg.huber_delta)
+        weights_B = batch[WEIGHTS].float() if WEIGHTS in batch else torch.ones_like(huber_B)
+        loss = (weights_B * huber_B).mean()
+        self._td_error = td_error_B.detach().cpu().numpy()
+        parts = torch.stack([q_B.mean(), q_B.min(), q_B.max(), td_error_B.abs().mean()]).detach().tolist()
+        stats = dict(zip(("mean_q", "min_q", "max_q", "mean_abs_td_error"), parts))
+        stats["cur_epsilon"] = self.epsilon
+        return loss, stats
+
+    def learn_on_tensors(self, tensors: TensorBatch) -> dict[str, Any]:
+        """One optimizer step; ``{"learner_stats": ..., "td_error": [B]}``."""
+        return {**super().learn_on_tensors(tensors), TD_ERROR: self._td_error}
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
+        grads, info = super().compute_gradients(batch)
+        return grads, {**info, TD_ERROR: self._td_error}
+
+    def update_target(self) -> None:
+        """Copies the online network's weights into the target network."""
+        self.target_model.load_state_dict(self.model.state_dict())
+
+    # -- state ------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """The base state plus the target network's weights."""
+        target = {k: v.detach().cpu().numpy().copy() for k, v in self.target_model.state_dict().items()}
+        return {**super().get_state(), "target_weights": target}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        super().set_state(state)
+        if "target_weights" not in state:
+            raise ValueError(f"DQNPolicy.set_state: the state has no 'target_weights' (keys {sorted(state)}); "
+                             f"restore a state saved by a DQNPolicy")
+        self.target_model.load_state_dict(
+            {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
+
+
+def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
+    """The replay buffer of SEMANTICS.md §4.5 step 1 (seeded from ``config.seed``)."""
+    return LocalReplayBuffer(
+        num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
+        replay_batch_size=config.train_batch_size,
+        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
+        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
+        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
+
+
+def make_owned_state(config: DQNConfig) -> dict[str, Any]:
+    """What the trainer keeps across plan rebuilds: ``{"replay_buffer": make_replay_buffer(config)}``."""
+    return {"replay_buffer": make_replay_buffer(config)}
+
+
+def plan(workers: WorkerSet, config: DQNConfig, *,
+         replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
+    """DQN (SEMANTICS.md §4.5): (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
+    the target network; round robin by training intensity, emitting (2); report.
+
+    Examples:
+        >>> config = DQNConfig(seed=0, learning_starts=64, timesteps_per_iteration=100, min_iter_time_s=0)
+        >>> it = plan(WorkerSet(policy_class=DQNPolicy, config=config), config)
+        >>> print(repr(it).replace(").", ") .").replace("])[", "]) [").replace("]].", "]] ."))
+        LocalIterator[Concurrently(round_robin, round_robin_weights=[1.0, 1.0], output_indexes=[1])
+            [LocalIterator[ParallelRollouts(bulk_sync) .for_each(StoreToReplayBuffer(local))],
+             LocalIterator[Replay(local) .for_each(TrainOneStep) .for_each(UpdatePriorities)
+                           .for_each(UpdateTargetNetwork(500))]]
+        .filter(ReportGate(100 steps, 0 s)) .for_each(CollectMetrics)]
+        >>> result = next(it)
+        >>> result["info"]["num_steps_sampled"] >= 100, result["info"]["num_steps_trained"] % 32
+        (True, 0)
+    """
+    buf = replay_buffer if replay_buffer is not None else make_replay_buffer(config)
+    # (1) store rollouts
+    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buf))
+    # (2) replay into the learner
+    replay_op = Replay(local_buffer=buf)
+    if (hook := config.before_learn_on_batch) is not None:
+        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
+    if config.use_simple_optimizer:
+        learn: TrainOneStep | MultiGPUTrainOneStep = TrainOneStep(workers)
+    else:
+        learn = MultiGPUTrainOneStep(workers, sgd_minibatch_size=config.train_batch_size, num_sgd_iter=1,
+                                     num_gpus=config.num_gpus,  # type: ignore[arg-type]  # the op checks it is whole
+                                     _fake_gpus=config._fake_gpus)
+    train_op: LocalIterator[Any] = replay_op.for_each(learn)
+    if config.prioritized_replay:
+        train_op = train_op.for_each(UpdatePriorities(buf))
+    train_op = train_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
+    rounds = Concurrently([store_op, train_op], mode="round_robin", output_indexes=[1],
+                          round_robin_weights=config.round_robin_weights)
+    return StandardMetricsReporting(rounds, workers, config)
+
+
+ALGORITHM = Algorithm("dqn", DQNConfig, DQNPolicy, plan, make_owned_state=make_owned_state)

@@ -1,0 +1,315 @@
+"""IMPALA: importance-weighted actor-learner architecture as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719;
+IMPALA, https://arxiv.org/abs/1802.01561).
+
+Dataflow (SEMANTICS.md §4.7): the workers sample asynchronously (``ParallelRollouts(async)``, a bounded number of
+requests in flight each) and each delivering worker gets the learner's latest weights; fragments are mixed with
+replayed ones, concatenated to ``train_batch_size`` steps and enqueued for a learner thread. A second branch
+dequeues what the learner trained and counts it; ``Concurrently(async)`` runs both, and the learner's output
+drives the reports. Sampling is throttled by the learner's bounded in-queue, never dropped.
+
+The policy's loss is the V-trace actor-critic loss (:mod:`flowrl.algorithms.vtrace`), computed per contiguous
+(episode, env) piece of the train batch.
+
+Examples:
+    >>> config = IMPALAConfig(env="CartPole-v1")
+    >>> config.rollout_fragment_length, config.train_batch_size, config.min_iter_time_s, config.num_workers
+    (50, 500, 10, 2)
+    >>> IMPALAConfig(batch_mode="complete_episodes")
+    Traceback (most recent call last):
+    ...
+    ValueError: batch_mode='complete_episodes': V-trace learns from fragments; use batch_mode='truncate_episodes'
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.algorithms import Algorithm
+from flowrl.algorithms.vtrace import VTraceReturns, vtrace
+from flowrl.config import PolicyConfig, TrainerConfig
+from flowrl.iter import LocalIterator
+from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrently, Dequeue, Enqueue, LearnerThread,
+                        MixInReplay, MultiGPULearnerThread, ParallelRollouts, RecordLearnerOutput,
+                        StandardMetricsReporting)
+from flowrl.policy import Policy, TensorBatch
+from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
+                                 SampleBatch)
+from flowrl.workers import WorkerSet
+
+__all__ = ["IMPALAConfig", "IMPALAPolicy", "plan", "ALGORITHM"]
+
+_POSITIVE_INTS = ("num_multi_gpu_tower_stacks", "minibatch_buffer_size", "num_sgd_iter", "learner_queue_size",
+                  "max_sample_requests_in_flight_per_worker", "broadcast_interval")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IMPALAConfig(TrainerConfig):
+    """IMPALA's config: :class:`~flowrl.config.TrainerConfig` with RLlib's IMPALA defaults (SEMANTICS.md §4.7).
+
+    Attributes:
+        rollout_fragment_length: 50 steps per env per sample (V-trace's sequence length).
+        train_batch_size: 500 steps per learner update.
+        min_iter_time_s: 10; a report waits at least this long.
+        num_multi_gpu_tower_stacks: batches the multi-GPU learner holds loaded (1); it also bounds the
+            effective ``minibatch_buffer_size`` there (:attr:`effective_minibatch_buffer_size`).
+        minibatch_buffer_size: train batches the learner thread cycles through (1).
+        num_sgd_iter: passes over each train batch (1).
+        replay_proportion: expected replayed fragments mixed in per fresh one (0.0); needs slots.
+        replay_buffer_num_slots: fragments held for replay (0).
+        learner_queue_size: train batches waiting for the learner (16); a full queue throttles sampling.
+        learner_queue_timeout: seconds of one wait of the learner on its empty queue (300); it then waits again.
+        max_sample_requests_in_flight_per_worker: sample requests outstanding per worker (2).
+        broadcast_interval: fragments between re-reads of the learner weights (1).
+        num_aggregation_workers: tree aggregation; only 0 is implemented.
+        after_train_step: ``None``, or a factory ``(workers, config) -> stage`` applied to each learner output.
+        vtrace_clip_rho_threshold: ``rho_bar``, V-trace's clip of the importance weights (1.0).
+        vtrace_clip_pg_rho_threshold: the clip of the policy gradient's importance weights (1.0).
+        vf_loss_coeff: weight of the value loss ``0.5 * mean((V - vs)^2)`` (0.5).
+        entropy_coeff: weight of the entropy bonus (0.01).
+        grad_clip: max global gradient norm (40).
+        lr: Adam learning rate (5e-4).
+    """
+
+    rollout_fragment_length: int = 50
+    train_batch_size: int = 500
+    min_iter_time_s: float = 10
+    num_multi_gpu_tower_stacks: int = 1
+    minibatch_buffer_size: int = 1
+    num_sgd_iter: int = 1
+    replay_proportion: float = 0.0
+    replay_buffer_num_slots: int = 0
+    learner_queue_size: int = 16
+    learner_queue_timeout: float = 300
+    max_sample_requests_in_flight_per_worker: int = 2
+    broadcast_interval: int = 1
+    num_aggregation_workers: int = 0
+    after_train_step: Callable[[WorkerSet, IMPALAConfig], Callable[[Any], Any]] | None = None
+    vtrace_clip_rho_threshold: float = 1.0
+    vtrace_clip_pg_rho_threshold: float = 1.0
+    vf_loss_coeff: float = 0.5
+    entropy_coeff: float = 0.01
+    grad_clip: float | None = 40.0
+    lr: float = 0.0005
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch_mode != "truncate_episodes":
+            raise ValueError(f"batch_mode={self.batch_mode!r}: V-trace learns from fragments; use "
+                             f"batch_mode='truncate_episodes'")
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        n = self.num_aggregation_workers
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"num_aggregation_workers={n!r} must be an int >= 0 (0: no tree aggregation)")
+        if n > self.num_workers:
+            raise ValueError(f"num_aggregation_workers={n} exceeds num_workers={self.num_workers}; each aggregator "
+                             f"needs at least one rollout worker, so lower num_aggregation_workers")
+        if n > 0:
+            raise ValueError(f"num_aggregation_workers={n}: tree aggregation is not implemented in flowrl yet; "
+                             f"set num_aggregation_workers=0")
+        if isinstance(self.replay_buffer_num_slots, bool) or not isinstance(self.replay_buffer_num_slots, int) \
+                or self.replay_buffer_num_slots < 0:
+            raise ValueError(f"replay_buffer_num_slots={self.replay_buffer_num_slots!r} must be an int >= 0")
+        if not self.replay_proportion >= 0:
+            raise ValueError(f"replay_proportion={self.replay_proportion} must be >= 0 (expected replays per fragment)")
+        if self.replay_proportion > 0 and self.replay_buffer_num_slots == 0:
+            raise ValueError(f"replay_proportion={self.replay_proportion} needs stored fragments, but "
+                             f"replay_buffer_num_slots=0; raise replay_buffer_num_slots or set replay_proportion=0")
+        if not self.learner_queue_timeout > 0:
+            raise ValueError(f"learner_queue_timeout={self.learner_queue_timeout} must be > 0 seconds")
+        for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0 (1.0 is the paper's choice)")
+        if not self.vf_loss_coeff >= 0:
+            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
+        if not self.entropy_coeff >= 0:
+            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
+        if self.after_train_step is not None and not callable(self.after_train_step):
+            raise ValueError(f"after_train_step={self.after_train_step!r} must be a factory (workers, config) -> "
+                             f"stage, or None")
+        if not self.use_simple_optimizer and self.num_multi_gpu_tower_stacks < self.minibatch_buffer_size:
+            warnings.warn(f"minibatch_buffer_size={self.minibatch_buffer_size} exceeds num_multi_gpu_tower_stacks="
+                          f"{self.num_multi_gpu_tower_stacks}; the multi-GPU learner buffers "
+                          f"{self.num_multi_gpu_tower_stacks} batches", stacklevel=3)
+
+    @property
+    def effective_minibatch_buffer_size(self) -> int:
+        """The learner's buffer: ``minibatch_buffer_size``, at most the tower stacks with the multi-GPU learner."""
+        if self.use_simple_optimizer:
+            return self.minibatch_buffer_size
+        return min(self.minibatch_buffer_size, self.num_multi_gpu_tower_stacks)
+
+
+def sequence_layout(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """Cuts a flat train batch into contiguous trajectory pieces and lays them out time-major, left-padded.
+
+    A piece ends after a row that terminated or was truncated, before a change of ``eps_id`` or ``env_id``,
+    and before a row whose ``t`` is not the previous row's ``t + 1`` (a new fragment of another worker, or a
+    replayed one). Missing columns just do not cut.
+
+    Returns:
+        ``(time_index, piece_index, last_rows, L, P)``: row ``i`` sits at ``[time_index[i], piece_index[i]]``
+        of an ``[L, P]`` layout in which every piece ends at time ``L - 1``; ``last_rows`` are the rows that
+        end the ``P`` pieces.
+    """
+    n = batch[REWARDS].shape[0]
+    device = batch[REWARDS].device
+    ends = torch.zeros(n, dtype=torch.bool, device=device)
+    ends[-1] = True
+    for done in (TERMINATEDS, TRUNCATEDS):
+        if done in batch:
+            ends |= batch[done].bool()
+    for column in (EPS_ID, ENV_ID):
+        if column in batch:
+            ends[:-1] |= batch[column][1:] != batch[column][:-1]
+    if T in batch:
+        ends[:-1] |= batch[T][1:] != batch[T][:-1] + 1
+    last_rows = torch.nonzero(ends).squeeze(1)
+    piece_index = torch.cumsum(ends, 0) - ends.long()  # the piece of each row
+    lengths = torch.diff(last_rows, prepend=last_rows.new_tensor([-1]))
+    first_rows = last_rows - lengths + 1
+    L = int(lengths.max())
+    time_index = (L - lengths[piece_index]) + (torch.arange(n, device=device) - first_rows[piece_index])
+    return time_index, piece_index, last_rows, L, int(last_rows.shape[0])
+
+
+class IMPALAPolicy(Policy):
+    """The IMPALA policy: an actor-critic trained with V-trace targets.
+
+    ``loss`` cuts the batch into trajectory pieces (:func:`sequence_layout`), computes V-trace over them with
+    the sampling policy's ``logp`` as the behaviour policy (a terminated step has discount 0; a piece's last
+    step otherwise bootstraps from ``V(new_obs)``), and returns
+    ``-mean(logp(a) * pg_advantages) + vf_loss_coeff * 0.5 * mean((V(s) - vs)^2) - entropy_coeff * mean(H)``;
+    ``grad_clip`` clips the gradients.
+
+    Args:
+        observation_space / action_space: as for :class:`~flowrl.policy.Policy`.
+        config: an :class:`IMPALAConfig`.
+
+    Raises:
+        TypeError: a config that is not an :class:`IMPALAConfig`.
+
+    Examples:
+        >>> policy = IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), IMPALAConfig(seed=0))
+        >>> batch = SampleBatch({OBS: np.zeros((4, 4), np.float32), NEXT_OBS: np.zeros((4, 4), np.float32),
+        ...                      ACTIONS: np.zeros(4, np.int64), LOGP: np.full(4, np.log(0.5), np.float32),
+        ...                      REWARDS: np.ones(4, np.float32), TERMINATEDS: np.array([False, True, False, False]),
+        ...                      TRUNCATEDS: np.zeros(4, bool), EPS_ID: np.array([0, 0, 1, 1]),
+        ...                      T: np.array([0, 1, 0, 1])})
+        >>> sorted(policy.learn_on_batch(batch)["learner_stats"])
+        ['entropy', 'grad_gnorm', 'loss', 'mean_rho', 'policy_loss', 'vf_loss']
+    """
+
+    config: IMPALAConfig
+
+    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
+        if not isinstance(config, IMPALAConfig):
+            raise TypeError(f"IMPALAPolicy needs an IMPALAConfig for its loss settings, got {type(config).__name__}; "
+                            f"build the workers with IMPALAConfig(...)")
+        super().__init__(observation_space, action_space, config)
+
+    @torch.no_grad()
+    def vtrace_targets(self, batch: TensorBatch, logp: torch.Tensor, values: torch.Tensor) -> VTraceReturns:
+        """V-trace over the batch's trajectory pieces, returned per row (``[N]`` each).
+
+        Args:
+            batch: the train batch's tensors (``rewards``, ``logp``, ``new_obs``, ``terminateds``, and the
+                ``eps_id``/``env_id``/``t`` columns that :func:`sequence_layout` cuts on).
+            logp: ``log pi(a|s)`` of the batch's actions under the current policy.
+            values: ``V(s)`` of the batch's observations under the current value function.
+        """
+        cfg = self.config
+        time_index, piece_index, last_rows, L, P = sequence_layout(batch)
+        bootstrap = self.model(batch[NEXT_OBS][last_rows])[1].to(values.dtype)  # V(x') after each piece
+
+        def layout(x: torch.Tensor) -> torch.Tensor:  # [N] -> [L, P], zeros before each piece starts
+            out = torch.zeros(L, P, dtype=values.dtype, device=values.device)
+            out[time_index, piece_index] = x.to(values.dtype)
+            return out
+
+        terminated = batch[TERMINATEDS].to(values.dtype) if TERMINATEDS in batch else torch.zeros_like(values)
+        out = vtrace(behaviour_logp=layout(batch[LOGP]), target_logp=layout(logp), rewards=layout(batch[REWARDS]),
+                     values=layout(values), bootstrap_value=bootstrap, discounts=layout(cfg.gamma * (1.0 - terminated)),
+                     clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
+                     clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold)
+        return VTraceReturns(*(x[time_index, piece_index] for x in (out.vs, out.pg_advantages, out.clipped_rhos)))
+
+    def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        dist_inputs, values = self.model(batch[OBS])
+        dist = self.action_distribution(dist_inputs)
+        logp = dist.logp(batch[ACTIONS])
+        targets = self.vtrace_targets(batch, logp.detach(), values.detach())
+        policy_loss = -(logp * targets.pg_advantages).mean()
+        vf_loss = 0.5 * (values - targets.vs).pow(2).mean()
+        entropy = dist.entropy().mean()
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
+        parts = torch.stack([policy_loss, vf_loss, entropy, targets.clipped_rhos.mean()]).detach().tolist()
+        return total, dict(zip(("policy_loss", "vf_loss", "entropy", "mean_rho"), parts))
+
+
+def _shut_down(learner: LearnerThread | MultiGPULearnerThread) -> None:
+    learner.stop()
+    learner.join(timeout=30)
+
+
+def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
+    """IMPALA (SEMANTICS.md §4.7, without aggregation): async rollouts -> weights to each delivering worker ->
+    replay mix-in -> concat -> learner thread; its output counted and reported.
+
+    Examples:
+        >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, min_iter_time_s=0)
+        >>> it = plan(WorkerSet(policy_class=IMPALAPolicy, config=config), config)
+        >>> import re
+        >>> print(re.sub(r"\\.(?=(combine|for_each|filter)\\()", "\\n  .", repr(it)))
+        LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelRollouts(async)
+          .combine(MixInReplay(0, 0.0))
+          .combine(ConcatBatches(100))
+          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
+          .for_each(RecordLearnerOutput)]]
+          .filter(ReportGate(0 steps, 0 s))
+          .for_each(CollectMetrics)
+          .for_each()]
+        >>> next(it)["info"]["num_steps_trained"] >= 100
+        True
+        >>> it.close()
+    """
+    if config.use_simple_optimizer:
+        learner: LearnerThread | MultiGPULearnerThread = LearnerThread(
+            workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
+            num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
+            learner_queue_timeout=config.learner_queue_timeout)
+    else:
+        learner = MultiGPULearnerThread(
+            workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
+            num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
+            learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
+    # (1) sample asynchronously, send each delivering worker the learner's weights, mix in replay, enqueue
+    frags = ParallelRollouts(workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker)
+    if workers.remote_workers():
+        frags = frags.zip_with_source_actor().for_each(
+            BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval))
+    enqueue_op = (frags
+                  .combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion, seed=config.seed))
+                  .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
+                  .for_each(Enqueue(learner.inqueue)))
+    # (2) count what the learner trained, from its out-queue
+    dequeue_op = Dequeue(learner.outqueue, check=learner.is_alive).for_each(RecordLearnerOutput())
+    merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
+    if config.after_train_step is not None:
+        merged = merged.for_each(config.after_train_step(workers, config))
+    learner.start()
+    return (StandardMetricsReporting(merged, workers, config)
+            .for_each(learner.add_learner_metrics)
+            .on_close(lambda: _shut_down(learner)))
+
+
+ALGORITHM = Algorithm("impala", IMPALAConfig, IMPALAPolicy, plan)

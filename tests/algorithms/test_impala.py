@@ -1,0 +1,246 @@
+"""IMPALA (SEMANTICS.md §4.7): config, the V-trace loss over a concatenated train batch, the plan against fake
+workers (shape, line count, learner thread stopped on close), and a seeded learning check on CartPole."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import textwrap
+import threading
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from flowrl.algorithms import get_algorithm
+from flowrl.algorithms.impala import ALGORITHM, IMPALAConfig, IMPALAPolicy, plan, sequence_layout
+from flowrl.algorithms.vtrace import vtrace
+from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
+                                 SampleBatch)
+from flowrl.testing import make_fake_workers
+from flowrl.trainer import Trainer
+
+from flowrl.workers import WorkerSet
+
+# -- config -----------------------------------------------------------------------------------------
+
+
+def test_config_has_impala_defaults() -> None:
+    c = IMPALAConfig()
+    assert (c.rollout_fragment_length, c.train_batch_size, c.min_iter_time_s, c.num_workers, c.num_gpus) == \
+        (50, 500, 10, 2, 0)
+    assert (c.num_multi_gpu_tower_stacks, c.minibatch_buffer_size, c.num_sgd_iter, c.replay_proportion,
+            c.replay_buffer_num_slots) == (1, 1, 1, 0.0, 0)
+    assert (c.learner_queue_size, c.learner_queue_timeout, c.max_sample_requests_in_flight_per_worker,
+            c.broadcast_interval, c.num_aggregation_workers, c.after_train_step) == (16, 300, 2, 1, 0, None)
+    assert (c.vtrace_clip_rho_threshold, c.vtrace_clip_pg_rho_threshold, c.vf_loss_coeff, c.entropy_coeff,
+            c.grad_clip, c.lr) == (1.0, 1.0, 0.5, 0.01, 40.0, 5e-4)
+    assert c.batch_mode == "truncate_episodes" and c.use_simple_optimizer
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"batch_mode": "complete_episodes"}, "batch_mode='complete_episodes': V-trace learns from fragments; "
+                                          "use batch_mode='truncate_episodes'"),
+    ({"num_aggregation_workers": 3}, "num_aggregation_workers=3 exceeds num_workers=2"),
+    ({"num_aggregation_workers": 1}, "num_aggregation_workers=1: tree aggregation is not implemented in flowrl "
+                                     "yet; set num_aggregation_workers=0"),
+    ({"num_aggregation_workers": -1}, "num_aggregation_workers=-1 must be an int >= 0"),
+    ({"replay_proportion": 0.5}, "replay_proportion=0.5 needs stored fragments, but replay_buffer_num_slots=0"),
+    ({"replay_proportion": -1.0}, "replay_proportion=-1.0 must be >= 0"),
+    ({"learner_queue_size": 0}, "learner_queue_size=0 must be a positive int"),
+    ({"max_sample_requests_in_flight_per_worker": 0}, "max_sample_requests_in_flight_per_worker=0 must be a "
+                                                      "positive int"),
+    ({"broadcast_interval": 0}, "broadcast_interval=0 must be a positive int"),
+    ({"learner_queue_timeout": 0}, "learner_queue_timeout=0 must be > 0 seconds"),
+    ({"vtrace_clip_rho_threshold": 0.0}, "vtrace_clip_rho_threshold=0.0 must be > 0"),
+    ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be >= 0"),
+])
+def test_config_validation_names_field_value_and_fix(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        IMPALAConfig(**settings)
+
+
+def test_replay_and_a_larger_multi_gpu_buffer_are_accepted() -> None:
+    assert IMPALAConfig(replay_proportion=0.5, replay_buffer_num_slots=10).replay_proportion == 0.5
+    assert IMPALAConfig(num_workers=0).num_workers == 0  # sampling in the driver is allowed
+    with pytest.warns(UserWarning, match="minibatch_buffer_size=4 exceeds num_multi_gpu_tower_stacks=2"):
+        c = IMPALAConfig(simple_optimizer=False, minibatch_buffer_size=4, num_multi_gpu_tower_stacks=2)
+    assert (c.minibatch_buffer_size, c.effective_minibatch_buffer_size) == (4, 2)
+
+
+def test_registered_under_impala() -> None:
+    assert get_algorithm("impala") is ALGORITHM
+    assert (ALGORITHM.config_class, ALGORITHM.policy_class, ALGORITHM.plan) == (IMPALAConfig, IMPALAPolicy, plan)
+
+
+# -- V-trace over a concatenated train batch ----------------------------------------------------------
+
+def _piece(rng: np.random.Generator, eps_id: int, env_id: int, t0: int, n: int, terminated: bool = False,
+           truncated: bool = False) -> SampleBatch:
+    done = np.zeros(n, bool)
+    return SampleBatch({OBS: rng.normal(size=(n, 4)).astype(np.float32),
+                        NEXT_OBS: rng.normal(size=(n, 4)).astype(np.float32),
+                        ACTIONS: rng.integers(0, 2, n), LOGP: np.log(rng.uniform(0.2, 0.8, n)).astype(np.float32),
+                        REWARDS: rng.normal(size=n).astype(np.float32),
+                        TERMINATEDS: np.concatenate([done[:-1], [terminated]]),
+                        TRUNCATEDS: np.concatenate([done[:-1], [truncated]]),
+                        EPS_ID: np.full(n, eps_id), ENV_ID: np.full(n, env_id), T: np.arange(t0, t0 + n)})
+
+
+def _pieces(rng: np.random.Generator) -> list[SampleBatch]:
+    """Fragments of two workers' envs as ConcatBatches joins them: episodes ending by termination, by
+    truncation and by the fragment's cut; a same-episode continuation; and a replayed copy right after its
+    original (same eps_id, but t jumps back)."""
+    a = _piece(rng, 7, 0, 0, 5, terminated=True)
+    return [a, _piece(rng, 10**9 + 3, 0, 12, 4), _piece(rng, 8, 0, 0, 6, truncated=True),
+            _piece(rng, 10**9 + 3, 1, 16, 3), _piece(rng, 10**9 + 4, 1, 0, 2), a.copy(), _piece(rng, 9, 0, 0, 1)]
+
+
+def test_sequence_layout_cuts_at_episode_env_and_time_boundaries() -> None:
+    pieces = _pieces(np.random.default_rng(0))
+    batch = SampleBatch.concat(pieces)
+    tensors = {k: torch.as_tensor(v) for k, v in batch.items()}
+    time_index, piece_index, last_rows, L, P = sequence_layout(tensors)
+    lengths = [p.count for p in pieces]
+    assert (L, P) == (max(lengths), len(pieces))
+    assert last_rows.tolist() == (np.cumsum(lengths) - 1).tolist()
+    assert piece_index.tolist() == [i for i, n in enumerate(lengths) for _ in range(n)]
+    assert time_index.tolist() == [L - n + j for n in lengths for j in range(n)]  # left-padded: all end at L - 1
+
+
+def test_policy_targets_equal_vtrace_run_on_each_piece_alone() -> None:
+    rng = np.random.default_rng(1)
+    policy = IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
+                          IMPALAConfig(seed=0, gamma=0.9, vtrace_clip_rho_threshold=0.8))
+    pieces = _pieces(rng)
+    tensors = policy.to_tensors(SampleBatch.concat(pieces))
+    logp = torch.log(torch.as_tensor(rng.uniform(0.2, 0.8, tensors[REWARDS].shape[0]), dtype=torch.float32))
+    values = torch.as_tensor(rng.normal(size=tensors[REWARDS].shape[0]), dtype=torch.float32)
+    got = policy.vtrace_targets(tensors, logp, values)
+    start = 0
+    for piece in pieces:
+        rows = slice(start, start + piece.count)
+        start += piece.count
+        p = {k: torch.as_tensor(v) for k, v in piece.items()}
+        with torch.no_grad():
+            bootstrap = policy.model(p[NEXT_OBS][-1:])[1]  # V(x') of the piece's last row
+        discounts = 0.9 * (1.0 - p[TERMINATEDS].float())
+        expected = vtrace(behaviour_logp=p[LOGP][:, None], target_logp=logp[rows, None], rewards=p[REWARDS][:, None],
+                          values=values[rows, None], bootstrap_value=bootstrap, discounts=discounts[:, None],
+                          clip_rho_threshold=0.8, clip_pg_rho_threshold=1.0)
+        torch.testing.assert_close(got.vs[rows], expected.vs[:, 0])
+        torch.testing.assert_close(got.pg_advantages[rows], expected.pg_advantages[:, 0])
+    assert start == tensors[REWARDS].shape[0]
+
+
+def test_policy_learns_on_a_concatenated_batch_and_needs_its_config() -> None:
+    policy = IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), IMPALAConfig(seed=0))
+    stats = policy.learn_on_batch(SampleBatch.concat(_pieces(np.random.default_rng(2))))["learner_stats"]
+    assert sorted(stats) == ["entropy", "grad_gnorm", "loss", "mean_rho", "policy_loss", "vf_loss"]
+    assert all(np.isfinite(v) for v in stats.values())
+    from flowrl.algorithms.a2c import A2CConfig
+    with pytest.raises(TypeError, match="IMPALAPolicy needs an IMPALAConfig"):
+        IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), A2CConfig())
+
+
+# -- the plan -----------------------------------------------------------------------------------------
+
+def _learner_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("flowrl-learner") and t.is_alive()]
+
+
+def test_plan_shape_and_the_learner_stops_when_the_plan_is_closed() -> None:
+    workers = make_fake_workers(2, rollout_fragment_length=10)
+    before = set(_learner_threads())
+    try:
+        it = plan(workers, IMPALAConfig(train_batch_size=20, min_iter_time_s=0, learner_queue_size=2))
+        try:
+            assert repr(it) == (
+                "LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelRollouts(async)"
+                ".zip_with_source_actor().for_each(BroadcastUpdateLearnerWeights(1))"
+                ".combine(MixInReplay(0, 0.0)).combine(ConcatBatches(20)).for_each(Enqueue(maxsize=2))], "
+                "LocalIterator[Dequeue.for_each(RecordLearnerOutput)]].filter(ReportGate(0 steps, 0 s))"
+                ".for_each(CollectMetrics).for_each()]")
+            (learner,) = set(_learner_threads()) - before
+            results = [next(it) for _ in range(5)]
+            assert results[-1]["info"]["num_steps_trained"] == 100  # one report per learner update, from its queue
+            assert results[-1]["info"]["num_learner_updates"] == 5
+            assert "learner_queue" in results[-1]["info"] and "timing_breakdown" in results[-1]["info"]
+        finally:
+            it.close()
+        assert not learner.is_alive()  # close() stopped and joined it
+    finally:
+        workers.stop()
+
+
+def test_plan_fits_in_40_lines() -> None:
+    source = textwrap.dedent(inspect.getsource(plan))
+    fn = ast.parse(source).body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    docstring_end = fn.body[0].end_lineno or 0
+    body = [line for line in source.splitlines()[docstring_end:] if line.strip()]
+    signature = source.splitlines()[:fn.body[0].lineno - 1]
+    assert len(body) + len(signature) <= 40, len(body) + len(signature)
+
+
+def test_after_train_step_sees_each_learner_output() -> None:
+    seen: list[Any] = []
+
+    def after_train_step(workers: Any, config: Any) -> Any:
+        def stage(info: Any) -> Any:
+            seen.append(info)
+            return info
+        return stage
+
+    workers = make_fake_workers(1, rollout_fragment_length=10)
+    it = plan(workers, IMPALAConfig(train_batch_size=10, min_iter_time_s=0, after_train_step=after_train_step))
+    try:
+        it.take(3)
+        assert len(seen) == 3 and all("default_policy" in info for info in seen)
+    finally:
+        it.close()
+        workers.stop()
+
+
+def test_trainer_runs_impala_and_stop_ends_the_learner() -> None:
+    before = set(_learner_threads())
+    trainer = Trainer("impala", IMPALAConfig(env="CartPole-v1", seed=0, num_workers=1, num_cpus_per_worker=0.5,
+                                             min_iter_time_s=0, train_batch_size=100))
+    try:
+        result = trainer.train()
+        assert result["info"]["num_steps_trained"] >= 100
+        assert result["info"]["learner"]["default_policy"]["learner_stats"]["mean_rho"] > 0
+        (learner,) = set(_learner_threads()) - before
+    finally:
+        trainer.stop()
+    assert not learner.is_alive()
+
+
+# -- learning ------------------------------------------------------------------------------------------
+
+def test_impala_learns_cartpole_within_500k_steps() -> None:
+    # async: which fragment lands in which batch varies run to run. Seed 0 reaches 150 after ~70k steps in
+    # ~15 s on 2 cores; 500k is the issue's bound.
+    config = IMPALAConfig(env="CartPole-v1", seed=0, num_workers=2, num_cpus_per_worker=0.5, min_iter_time_s=0,
+                          timesteps_per_iteration=10_000)
+    workers = WorkerSet(policy_class=IMPALAPolicy, config=config)
+    start = time.perf_counter()
+    try:
+        it = plan(workers, config)
+        try:
+            for result in it:
+                print(f"{result['timesteps_total']:>8} steps  return {result['episode_reward_mean']:6.1f}  "
+                      f"{time.perf_counter() - start:5.1f} s")
+                if result["episode_reward_mean"] >= 150 or result["timesteps_total"] >= 500_000:
+                    break
+        finally:
+            it.close()
+    finally:
+        workers.stop()
+    print(f"IMPALA: return {result['episode_reward_mean']:.1f} after {result['timesteps_total']} steps, "
+          f"{time.perf_counter() - start:.0f} s")
+    assert result["episode_reward_mean"] >= 150
