@@ -193,7 +193,7 @@ class _PollSource(_Puller):
 
 class _ForEach(_Puller):
     def __init__(self, up: _Puller, fn: Callable[[Any], Any], ctx: MetricsContext) -> None:
-        self.up, self.fn, self.ctx, self.pending = up, fn, ctx, _UNSET
+        self.up, self.fn, self.ctx, self.pending, self.pending_actor = up, fn, ctx, _UNSET, None
         hook = getattr(fn, "_on_fetch_start", None)
         self.on_fetch_start = hook if callable(hook) else None
         self.fetch_started = False
@@ -206,7 +206,9 @@ class _ForEach(_Puller):
             item = self.up.pull(block)
             if item is _NOT_READY or item is _END:
                 return item
-            self.pending, self.fetch_started = item, False
+            self.pending, self.fetch_started, self.pending_actor = item, False, self.ctx.current_actor
+        else:  # a retried item: other branches may have moved current_actor since it was fetched
+            self.ctx.current_actor = self.pending_actor
         try:
             out = _call(self.ctx, self.fn, self.pending)
         except RetryLater:

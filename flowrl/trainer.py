@@ -152,11 +152,15 @@ class Trainer:
         return self.workers.local_worker().get_policy(policy_id)  # type: ignore[no-any-return]
 
     def stop(self) -> None:
-        """Closes the plan (its learner threads, aggregators and actors) and stops every remote worker."""
+        """Closes the plan (its learner threads, aggregators and actors), stops every remote worker and
+        closes the trainer-owned state that has a ``close()`` (e.g. Ape-X's replay shards)."""
         try:
             self._plan.close()
         finally:
             self.workers.stop()
+            for obj in getattr(self, "owned_state", {}).values():
+                if callable(getattr(obj, "close", None)):
+                    obj.close()
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, checkpoint_dir: str | Path) -> Path:

@@ -283,6 +283,28 @@ def test_zip_with_source_actor(pool: list[Any]) -> None:
     assert sorted(actors.count(a) for a in pool[:2]) == [2, 2] and len(actors) == 4
 
 
+def test_a_retried_item_keeps_its_source_actor_while_other_branches_pull(pool: list[Any]) -> None:
+    """RetryLater holds an item; when it is retried, current_actor must again be its producer, even
+    though another union branch (here another gather) moved current_actor in between."""
+    from flowrl.iter import RetryLater
+
+    tries: dict[int, int] = {}
+
+    def busy_once(x: int) -> int:
+        tries[x] = tries.get(x, 0) + 1
+        if tries[x] == 1:
+            raise RetryLater
+        return x
+
+    producer = {pool[0]: "a", pool[1]: "b"}
+    ray.get([pool[0].set_items.remote([1, 2, 3]), pool[1].set_items.remote([10, 20, 30])])
+    store = from_actors([pool[0]]).gather_async().for_each(busy_once).zip_with_source_actor()
+    other = from_actors([pool[1]]).gather_async().zip_with_source_actor()
+    pairs = store.union(other).take(6)
+    assert sorted((producer[a], x) for a, x in pairs) == [("a", 1), ("a", 2), ("a", 3),
+                                                          ("b", 10), ("b", 20), ("b", 30)]
+
+
 @ray.remote(num_cpus=0)
 def consume(it: LocalIterator[Any]) -> list[Any]:
     return it.take(100)

@@ -7,11 +7,11 @@ maps a name to its module and imports it on first use, so ``flowrl.algorithms`` 
 
 Examples:
     >>> sorted(ALGORITHMS)
-    ['a2c', 'a3c', 'dqn', 'impala', 'pg', 'ppo']
+    ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'pg', 'ppo']
     >>> get_algorithm("sac")
     Traceback (most recent call last):
     ...
-    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'dqn', 'impala', 'pg', 'ppo']
+    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'pg', 'ppo']
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ ALGORITHMS: dict[str, str] = {
     "a3c": "flowrl.algorithms.a3c",
     "ppo": "flowrl.algorithms.ppo",
     "dqn": "flowrl.algorithms.dqn",
+    "apex": "flowrl.algorithms.apex",
     "impala": "flowrl.algorithms.impala",
+    "appo": "flowrl.algorithms.appo",
 }
 
 

@@ -39,7 +39,7 @@ from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, 
                                  REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
 from flowrl.workers import WorkerSet
 
-__all__ = ["PPOConfig", "PPOPolicy", "plan", "ALGORITHM"]
+__all__ = ["PPOConfig", "PPOPolicy", "adapt_kl_coeff", "plan", "ALGORITHM"]
 
 # the columns PPO's loss reads; the learner converts only these to tensors
 _LOSS_COLUMNS = (OBS, ACTIONS, LOGP, ACTION_DIST_INPUTS, VF_PREDS, ADVANTAGES, VALUE_TARGETS)
@@ -106,6 +106,20 @@ class PPOConfig(TrainerConfig):
             raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
         if not self.entropy_coeff >= 0:
             raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
+
+
+def adapt_kl_coeff(kl_coeff: float, sampled_kl: float, kl_target: float) -> float:
+    """RLlib's adaptive KL penalty: x1.5 above ``2 * kl_target``, x0.5 below ``kl_target / 2``.
+
+    Examples:
+        >>> adapt_kl_coeff(0.2, 0.05, 0.01), adapt_kl_coeff(0.2, 0.001, 0.01), adapt_kl_coeff(0.2, 0.01, 0.01)
+        (0.30000000000000004, 0.1, 0.2)
+    """
+    if sampled_kl > 2.0 * kl_target:
+        return kl_coeff * 1.5
+    if sampled_kl < 0.5 * kl_target:
+        return kl_coeff * 0.5
+    return kl_coeff
 
 
 class PPOPolicy(Policy):
@@ -185,11 +199,8 @@ class PPOPolicy(Policy):
         return total, stats
 
     def update_kl(self, sampled_kl: float) -> None:
-        """Adapts ``kl_coeff`` as RLlib does: x1.5 above ``2 * kl_target``, x0.5 below ``kl_target / 2``."""
-        if sampled_kl > 2.0 * self.config.kl_target:
-            self.kl_coeff *= 1.5
-        elif sampled_kl < 0.5 * self.config.kl_target:
-            self.kl_coeff *= 0.5
+        """Adapts ``kl_coeff`` as RLlib does (:func:`adapt_kl_coeff`)."""
+        self.kl_coeff = adapt_kl_coeff(self.kl_coeff, sampled_kl, self.config.kl_target)
 
     # -- state ------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:

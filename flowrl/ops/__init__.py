@@ -11,11 +11,12 @@ from flowrl.ops.concurrency import (ApexLearnerThread, Concurrently, Dequeue, En
                                     MultiGPULearnerThread)
 from flowrl.ops.metrics import (CollectMetrics, CountSteps, OncePerTimeInterval, OncePerTimestepsElapsed, ReportGate,
                                 StandardMetricsReporting, WarnAboutBadRewardScales)
-from flowrl.ops.replay import MixInReplay, Replay, StoreToReplayBuffer, UpdatePriorities, WaitUntilTimestepsElapsed
+from flowrl.ops.replay import (MixInReplay, Replay, StoreToReplayBuffer, UpdatePriorities, UpdateReplayShardPriorities,
+                               WaitUntilTimestepsElapsed)
 from flowrl.ops.rollout import AsyncGradients, ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields
 from flowrl.ops.train import (ApplyGradients, AverageGradients, BroadcastUpdateLearnerWeights, BroadcastWeights,
                               ComputeGradients, LearnOnBatch, MultiGPUTrainOneStep, RecordLearnerOutput, TrainOneStep,
-                              UpdateKL, UpdateTargetNetwork, UpdateWorkerWeights)
+                              UpdateKL, UpdateTargetAndKL, UpdateTargetNetwork, UpdateWorkerWeights)
 
 __all__ = [
     # rollout
@@ -23,9 +24,10 @@ __all__ = [
     # train
     "TrainOneStep", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep", "ComputeGradients",
     "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
-    "BroadcastUpdateLearnerWeights", "RecordLearnerOutput",
+    "BroadcastUpdateLearnerWeights", "RecordLearnerOutput", "UpdateTargetAndKL",
     # replay
-    "StoreToReplayBuffer", "Replay", "UpdatePriorities", "MixInReplay", "WaitUntilTimestepsElapsed",
+    "StoreToReplayBuffer", "Replay", "UpdatePriorities", "UpdateReplayShardPriorities", "MixInReplay",
+    "WaitUntilTimestepsElapsed",
     # concurrency
     "Concurrently", "Enqueue", "Dequeue", "MinibatchBuffer", "LearnerThread", "MultiGPULearnerThread",
     "ApexLearnerThread",

@@ -35,7 +35,7 @@ from flowrl.sample_batch import BATCH_INDEXES, TD_ERROR, AnyBatch, SampleBatch
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
-__all__ = ["StoreToReplayBuffer", "Replay", "UpdatePriorities", "MixInReplay", "WaitUntilTimestepsElapsed"]
+__all__ = ["StoreToReplayBuffer", "Replay", "UpdatePriorities", "MixInReplay", "WaitUntilTimestepsElapsed", "UpdateReplayShardPriorities"]
 
 
 def _one_source(op: str, local_buffer: Any, actors: Sequence[Any] | None) -> list[Any] | None:
@@ -344,3 +344,66 @@ class WaitUntilTimestepsElapsed(MetricsBinding):
     def __call__(self, item: Any) -> bool:
         return bool(self.metrics.counters[STEPS_SAMPLED_COUNTER] > self.target)
 
+
+
+class UpdateReplayShardPriorities:
+    """Consumes :class:`~flowrl.ops.ApexLearnerThread` out-queue items ``(replay_shard, {pid: (batch_indexes,
+    td_error)}, env_steps, agent_steps)``; sends the new priorities to the shard that replayed the batch;
+    emits ``(env_steps, agent_steps, learner_thread.learner_info)`` for ``RecordLearnerOutput`` (Ape-X).
+
+    Use with ``.for_each()`` right after ``Dequeue(learner.outqueue)``. The update is fire-and-forget
+    (``replay_shard.update_priorities.remote(prios)``); each call first reaps the finished updates
+    without blocking, so a failed one raises here within a few items. ``prioritized=False`` (uniform
+    replay) sends nothing.
+
+    Metrics: none (``RecordLearnerOutput`` counts the trained steps).
+
+    Args:
+        learner_thread: the thread whose ``learner_info`` accompanies each output.
+        prioritized: whether the shards are prioritized buffers.
+
+    Raises:
+        ValueError: on a call, an item that is not a 4-tuple from an Ape-X learner thread.
+
+    Examples:
+        >>> from flowrl.replay_buffers import make_replay_actors
+        >>> from flowrl.testing import fake_batch
+        >>> import types
+        >>> [shard] = make_replay_actors(1, learning_starts=0, capacity=10, replay_batch_size=2, seed=0)
+        >>> ray.get(shard.add_batch.remote(fake_batch(4)))
+        >>> learner = types.SimpleNamespace(learner_info={"default_policy": {}})
+        >>> op = UpdateReplayShardPriorities(learner)
+        >>> op((shard, {"default_policy": (np.array([1, 2]), np.array([3.0, 0.5]))}, 2, 2))
+        (2, 2, {'default_policy': {}})
+        >>> op.flush(); ray.get(shard.stats.remote())["policy_default_policy"]["max_priority"]
+        3.000001
+    """
+
+    def __init__(self, learner_thread: Any, prioritized: bool = True) -> None:
+        if not hasattr(learner_thread, "learner_info"):
+            raise ValueError(f"UpdateReplayShardPriorities needs a learner thread with learner_info (an "
+                             f"ApexLearnerThread), got {learner_thread!r:.80}")
+        self.learner_thread, self.prioritized = learner_thread, prioritized
+        self._outstanding: list[Any] = []
+
+    def __repr__(self) -> str:
+        return "UpdateReplayShardPriorities" if self.prioritized else "UpdateReplayShardPriorities(off)"
+
+    def flush(self) -> None:
+        """Waits for every submitted priority update; a failed one raises here."""
+        refs, self._outstanding = self._outstanding, []
+        ray.get(refs)
+
+    def __call__(self, item: tuple[Any, Mapping[str, Any], int, int]) -> tuple[int, int, Any]:
+        if not isinstance(item, tuple) or len(item) != 4 or not isinstance(item[1], Mapping):
+            raise ValueError(f"{self!r} consumes an ApexLearnerThread's (replay_shard, priorities, env_steps, "
+                             f"agent_steps) out-queue items, got {type(item).__name__}: {item!r:.80}; put it "
+                             f"right after Dequeue(learner.outqueue)")
+        shard, prios, env_steps, agent_steps = item
+        if self._outstanding:
+            ready, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0,
+                                                fetch_local=False)
+            ray.get(ready)  # a failed update raises here
+        if self.prioritized:
+            self._outstanding.append(shard.update_priorities.remote(dict(prios)))
+        return env_steps, agent_steps, self.learner_thread.learner_info

@@ -39,7 +39,7 @@ from flowrl.workers import WorkerSet
 
 __all__ = ["TrainOneStep", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep",
            "ComputeGradients", "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
-           "BroadcastUpdateLearnerWeights", "RecordLearnerOutput"]
+           "BroadcastUpdateLearnerWeights", "RecordLearnerOutput", "UpdateTargetAndKL"]
 
 logger = logging.getLogger(__name__)
 
@@ -791,3 +791,65 @@ class RecordLearnerOutput(MetricsBinding):
 
     def __repr__(self) -> str:
         return "RecordLearnerOutput"
+
+
+class UpdateTargetAndKL(MetricsBinding):
+    """Refreshes the target networks, and adapts the KL coefficients, every ``target_update_period`` learner
+    updates (APPO); consumes and emits a learner thread's ``learner_info`` (after ``RecordLearnerOutput``).
+
+    Use as a config's ``after_train_step`` factory, ``UpdateTargetAndKL(workers, config)``, or with
+    ``.for_each()``. ``config`` provides ``target_update_period`` (learner updates; APPO:
+    ``num_sgd_iter x minibatch_buffer_size``) and ``use_kl_loss``. It fires iff ``num_learner_updates >=
+    last_target_update_ts + target_update_period``: ``update_target()`` on each trainable policy and, with
+    ``use_kl_loss``, :class:`UpdateKL` on the info. Sampled env steps play no part (SEMANTICS.md §4.8).
+
+    Metrics: times ``target_net_update``; ``num_target_updates += 1``; ``last_target_update_ts =
+    num_learner_updates``.
+
+    Examples:
+        >>> import types
+        >>> from flowrl.testing import make_fake_workers
+        >>> workers = make_fake_workers(0)
+        >>> op = UpdateTargetAndKL(workers, types.SimpleNamespace(target_update_period=2, use_kl_loss=True))
+        >>> op.bind(metrics := MetricsContext())
+        >>> info = {"default_policy": {"learner_stats": {"kl": 0.03}}}
+        >>> for _ in range(4):
+        ...     metrics.counters["num_learner_updates"] += 1
+        ...     _ = op(info)
+        >>> policy = workers.local_worker().get_policy()
+        >>> policy.target_updates, policy.kl_updates, metrics.counters["num_target_updates"]
+        (2, [0.03, 0.03], 2)
+    """
+
+    def __init__(self, workers: WorkerSet, config: Any) -> None:
+        name = type(self).__name__
+        self.workers = _check_workers(workers, name)
+        period: Any = getattr(config, "target_update_period", None)
+        use_kl: Any = getattr(config, "use_kl_loss", None)
+        if not isinstance(use_kl, bool):
+            raise TypeError(f"{name} needs a config with target_update_period and a bool use_kl_loss (APPOConfig), "
+                            f"got {type(config).__name__}")
+        check_int(f"{name} target_update_period", period, 1, "learner updates between target refreshes")
+        self.period: int = period
+        self.update_kl = UpdateKL(workers) if use_kl else None
+
+    def __call__(self, learner_info: LearnerInfo) -> LearnerInfo:
+        if not isinstance(learner_info, Mapping):
+            raise ValueError(f"{self!r} consumes learner_info dicts (RecordLearnerOutput's output), got "
+                             f"{type(learner_info).__name__}: {learner_info!r:.80}")
+        counters = self.metrics.counters
+        updates = counters[NUM_LEARNER_UPDATES]
+        if updates < counters[LAST_TARGET_UPDATE_TS] + self.period:
+            return learner_info
+        local = self.workers.local_worker()
+        with self.metrics.timers[TARGET_NET_UPDATE_TIMER]:
+            for pid in local.policies_to_train:
+                local.get_policy(pid).update_target()
+        counters[NUM_TARGET_UPDATES] += 1
+        counters[LAST_TARGET_UPDATE_TS] = updates
+        if self.update_kl is not None:
+            self.update_kl((None, learner_info))  # type: ignore[arg-type]  # UpdateKL reads only the learner info
+        return learner_info
+
+    def __repr__(self) -> str:
+        return f"UpdateTargetAndKL({self.period})"

@@ -1,0 +1,308 @@
+"""Ape-X DQN: distributed prioritized replay as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719; Ape-X,
+https://arxiv.org/abs/1803.00933).
+
+Dataflow (SEMANTICS.md §4.6): three sub-flows share ``num_replay_buffer_shards`` trainer-owned ``ReplayActor``\\ s
+and one ``ApexLearnerThread``. (1) Workers sample asynchronously, each fragment is stored in a random shard, and a
+worker gets fresh weights once it has delivered ``max_weight_sync_delay`` steps. (2) Each shard replays batches
+into the learner's in-queue, paired with the shard. (3) The learner's out-queue sends new priorities back to that
+shard, is counted, and drives the target network. ``Concurrently(async)`` joins them, emitting (3).
+
+Examples:
+    >>> config = ApexConfig(seed=0)
+    >>> config.num_workers, config.num_replay_buffer_shards, config.n_step, config.train_batch_size
+    (32, 4, 3, 512)
+    >>> [round(e, 4) for e in ApexConfig(num_workers=3).worker_epsilons]  # 0.4 ** (1 + 7 i / (N - 1))
+    [0.4, 0.0162, 0.0007]
+    >>> ApexConfig(num_gpus=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_gpus=2: Ape-X trains on one learner device; use num_gpus=0 (CPU) or num_gpus=1
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from flowrl.algorithms import Algorithm
+from flowrl.algorithms.dqn import NSTEP_DISCOUNTS, DQNConfig, DQNPolicy
+from flowrl.config import PolicyConfig
+from flowrl.iter import LocalIterator
+from flowrl.ops import (ApexLearnerThread, Concurrently, Dequeue, Enqueue, ParallelRollouts, RecordLearnerOutput,
+                        Replay, StandardMetricsReporting, StoreToReplayBuffer, UpdateTargetNetwork,
+                        UpdateWorkerWeights)
+from flowrl.ops.replay import UpdateReplayShardPriorities
+from flowrl.replay_buffers import make_replay_actors
+from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
+from flowrl.workers import RolloutWorker, WorkerSet
+
+import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
+
+__all__ = ["ApexConfig", "ApexPolicy", "per_worker_epsilon", "set_worker_epsilons", "ReplayShards",
+           "make_replay_shards", "make_owned_state", "plan", "ALGORITHM"]
+
+
+def per_worker_epsilon(index: int, num_workers: int) -> float:
+    """Ape-X's exploration epsilon of sampling worker ``index`` of ``num_workers``: ``0.4 ** (1 + 7 i / (N - 1))``.
+
+    A single sampling worker (``num_workers <= 1``) gets 0.4, so the formula never divides by zero.
+
+    Examples:
+        >>> per_worker_epsilon(0, 1), per_worker_epsilon(0, 8), round(per_worker_epsilon(7, 8), 6)
+        (0.4, 0.4, 0.000655)
+    """
+    if num_workers <= 1:
+        return 0.4
+    return float(0.4 ** (1 + 7 * min(max(index, 0), num_workers - 1) / (num_workers - 1)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApexConfig(DQNConfig):
+    """Ape-X's config: :class:`~flowrl.algorithms.dqn.DQNConfig` with RLlib's Ape-X defaults (SEMANTICS.md §4.6).
+
+    Attributes:
+        num_workers: remote rollout workers (32); worker ``i`` of ``N`` explores with
+            :func:`per_worker_epsilon` ``(i, N)`` (see :attr:`worker_epsilons`); 0: the driver samples, ε = 0.4.
+        num_gpus: the learner's devices: 0 (CPU, the default) or 1.
+        num_replay_buffer_shards: ``ReplayActor`` shards (4), each with ``1/shards`` of ``buffer_size`` and
+            ``learning_starts``.
+        max_weight_sync_delay: steps a worker delivers between two weight syncs (400).
+        n_step (3), buffer_size (2,000,000), learning_starts (50000), train_batch_size (512),
+            rollout_fragment_length (50): as in DQN, with Ape-X's values.
+        target_network_update_freq: **trained** steps between target-network copies (500000).
+        timesteps_per_iteration / min_iter_time_s: a report waits for 25000 new steps and 30 s.
+        worker_side_prioritization: workers compute each row's initial priority ``|td_error|`` with their
+            own network (True), instead of the shard's max priority.
+        training_intensity: ``None``: the three sub-flows run asynchronously; otherwise trained steps per sampled
+            step, turned into round-robin weights (:attr:`round_robin_weights`).
+        replay_buffer_shards_colocated_with_driver: pin the shards to the driver's node (True).
+        learner_queue_size: replayed batches waiting for the learner (16).
+    """
+
+    num_workers: int = 32
+    num_replay_buffer_shards: int = 4
+    max_weight_sync_delay: int = 400
+    n_step: int = 3
+    buffer_size: int = 2_000_000
+    learning_starts: int = 50000
+    train_batch_size: int = 512
+    rollout_fragment_length: int = 50
+    target_network_update_freq: int = 500000
+    timesteps_per_iteration: int = 25000
+    min_iter_time_s: float = 30
+    worker_side_prioritization: bool = True
+    replay_buffer_shards_colocated_with_driver: bool = True
+    learner_queue_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_gpus > 1:
+            raise ValueError(f"num_gpus={self.num_gpus}: Ape-X trains on one learner device; use num_gpus=0 (CPU) "
+                             f"or num_gpus=1")
+        super().__post_init__()
+        for name, meaning in (("num_replay_buffer_shards", "replay shard actors"),
+                              ("max_weight_sync_delay", "steps a worker delivers between weight syncs"),
+                              ("learner_queue_size", "replayed batches waiting for the learner")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an int >= 1 ({meaning})")
+
+    @property
+    def worker_epsilons(self) -> list[float]:
+        """The exploration epsilon of each remote worker, in order (``[0.4]`` with zero remote workers)."""
+        n = self.num_workers
+        return [per_worker_epsilon(i, n) for i in range(max(n, 1))]
+
+    @property
+    def round_robin_weights(self) -> list[float]:
+        """The ``[store, replay]`` pulls per round-robin turn when ``training_intensity`` is set; the plan adds
+        ``"*"`` for the update sub-flow (SEMANTICS.md §4.6).
+
+        ``[1, training_intensity / native_ratio]`` with ``native_ratio = train_batch_size / (rollout_fragment_length
+        x num_envs_per_worker)``: one async store item is **one** worker's fragment, whatever ``num_workers``.
+        ``[1, 1]`` without ``training_intensity`` (the plan then runs asynchronously and ignores it).
+
+        Examples:
+            >>> ApexConfig(train_batch_size=32, rollout_fragment_length=4, training_intensity=16).round_robin_weights
+            [1.0, 2.0]
+        """
+        if self.training_intensity is None:
+            return [1.0, 1.0]
+        native_ratio = self.train_batch_size / (self.rollout_fragment_length * self.num_envs_per_worker)
+        return [1.0, self.training_intensity / native_ratio]
+
+
+class ApexPolicy(DQNPolicy):
+    """The Ape-X policy: a :class:`~flowrl.algorithms.dqn.DQNPolicy` whose exploration epsilon is fixed per worker
+    and which, with ``worker_side_prioritization``, writes each sampled row's initial priority.
+
+    ``epsilon`` is :attr:`exploration_epsilon` (0.4 until :func:`set_worker_epsilons` assigns the worker's value);
+    DQN's annealing schedule is not used. The ``priorities`` column is ``|Q(s, a) - y| + eps`` with the n-step
+    target ``y`` bootstrapped from the worker's online network (its target network is never synced).
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> policy = ApexPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), ApexConfig(seed=0))
+        >>> policy.epsilon
+        0.4
+        >>> policy.exploration_epsilon = 0.01; policy.on_global_var_update({"timestep": 10**6}); policy.epsilon
+        0.01
+    """
+
+    config: ApexConfig
+
+    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
+        super().__init__(observation_space, action_space, config)
+        self.exploration_epsilon = per_worker_epsilon(0, 1)
+
+    @property
+    def epsilon(self) -> float:
+        """The worker's fixed exploration epsilon."""
+        return self.exploration_epsilon
+
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        batch = super().postprocess_trajectory(batch)
+        if getattr(self.config, "worker_side_prioritization", False) and batch.count:
+            with torch.no_grad():
+                obs, next_obs = self._obs_tensor(batch[OBS]), self._obs_tensor(batch[NEXT_OBS])
+                q_B = self.model(obs).gather(1, torch.as_tensor(batch[ACTIONS], device=self.device).long()
+                                             .unsqueeze(1)).squeeze(1)
+                next_q_B = self.model(next_obs).max(dim=1).values
+            targets_B = np.asarray(batch[REWARDS], np.float32) + np.asarray(batch[NSTEP_DISCOUNTS], np.float32) * \
+                next_q_B.cpu().numpy()
+            batch[PRIORITIES] = np.abs(q_B.cpu().numpy() - targets_B) + self.config.prioritized_replay_eps
+        return batch
+
+
+def _set_epsilon(worker: RolloutWorker, num_workers: int) -> None:
+    if worker.worker_index == 0:  # the learner's replica samples only when there are no remote workers
+        epsilon = per_worker_epsilon(0, 1) if num_workers == 0 else 0.0
+    else:
+        epsilon = per_worker_epsilon(worker.worker_index - 1, num_workers)
+    for policy in worker.policy_map.values():
+        if isinstance(policy, ApexPolicy):
+            policy.exploration_epsilon = epsilon
+
+
+def set_worker_epsilons(workers: WorkerSet, config: ApexConfig) -> None:
+    """Gives each remote worker ``i`` (index ``i + 1``) its :func:`per_worker_epsilon` ``(i, num_workers)``.
+
+    The local worker gets 0.4 when it samples (zero remote workers), else 0 (it is the learner's greedy
+    replica). A blocking ``foreach_worker`` call at plan build, so a recreated worker (same index) gets its
+    epsilon back when the trainer rebuilds the plan. Policies other than :class:`ApexPolicy` are left alone.
+    """
+    workers.foreach_worker(functools.partial(_set_epsilon, num_workers=config.num_workers))
+
+
+class ReplayShards(list[Any]):
+    """The trainer-owned replay shard actors: a plain list of handles that a checkpoint can also hold.
+
+    With ``store_buffer_in_checkpoints`` the trainer saves :meth:`get_state` (every shard's contents, priorities
+    and RNG state, fetched with ``ray.get``) and restores it with :meth:`set_state`. Adds still in flight from
+    the store sub-flow at save time are not included.
+    """
+
+    def get_state(self) -> dict[str, Any]:
+        return {"shards": ray.get([shard.get_state.remote() for shard in self])}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Raises ``ValueError`` when the state holds another number of shards."""
+        shards = state["shards"]
+        if len(shards) != len(self):
+            raise ValueError(f"the checkpoint holds {len(shards)} replay shards but this trainer has {len(self)}; "
+                             f"restore with num_replay_buffer_shards={len(shards)}")
+        ray.get([shard.set_state.remote(s) for shard, s in zip(self, shards)])
+
+    def close(self) -> None:
+        """Terminates the shard actors (``Trainer.stop()`` calls it)."""
+        for shard in self:
+            ray.kill(shard, no_restart=True)
+        self.clear()
+
+
+def make_replay_shards(config: ApexConfig) -> ReplayShards:
+    """The ``num_replay_buffer_shards`` replay actors of SEMANTICS.md §4.6 (``num_cpus=0``, seeded from ``seed``)."""
+    return ReplayShards(make_replay_actors(
+        config.num_replay_buffer_shards, colocated_with_driver=config.replay_buffer_shards_colocated_with_driver,
+        learning_starts=config.learning_starts, capacity=config.buffer_size, replay_batch_size=config.train_batch_size,
+        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
+        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
+        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed))
+
+
+def make_owned_state(config: ApexConfig) -> dict[str, Any]:
+    """What the trainer keeps across plan rebuilds: ``{"replay_actors": make_replay_shards(config)}``."""
+    return {"replay_actors": make_replay_shards(config)}
+
+
+def _shut_down(learner: ApexLearnerThread, own_actors: list[Any]) -> None:
+    learner.stop()
+    learner.join(timeout=30)
+    for actor in own_actors:
+        ray.kill(actor, no_restart=True)
+
+
+def plan(workers: WorkerSet, config: ApexConfig, *,
+         replay_actors: list[Any] | None = None) -> LocalIterator[dict[str, Any]]:
+    """Ape-X (SEMANTICS.md §4.6): (1) store async rollouts in the shards, syncing each worker's weights every
+    ``max_weight_sync_delay`` steps; (2) replay from the shards into the learner thread; (3) priorities back to
+    the shards, count, update the target network; async (or round robin by training intensity), emitting (3).
+
+    Examples:
+        >>> config = ApexConfig(seed=0, num_workers=0, num_replay_buffer_shards=1, learning_starts=64,
+        ...                     train_batch_size=32, buffer_size=1000, timesteps_per_iteration=100, min_iter_time_s=0)
+        >>> it = plan(WorkerSet(policy_class=ApexPolicy, config=config), config)
+        >>> import re
+        >>> print(re.sub(r"\\.(?=(combine|for_each|filter|zip_with_source_actor)\\()", "\\n  .", repr(it)))
+        LocalIterator[Concurrently(async, output_indexes=[2])[LocalIterator[ParallelRollouts(async)
+          .for_each(StoreToReplayBuffer(actors=1))], LocalIterator[Replay(actors=1)
+          .zip_with_source_actor()
+          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
+          .for_each(UpdateReplayShardPriorities)
+          .for_each(RecordLearnerOutput)
+          .for_each(UpdateTargetNetwork(500000))]]
+          .filter(ReportGate(100 steps, 0 s))
+          .for_each(CollectMetrics)
+          .for_each()]
+        >>> next(it)["info"]["num_steps_trained"] % 32
+        0
+        >>> it.close()
+    """
+    own = make_replay_shards(config) if replay_actors is None else []
+    shards = list(replay_actors) if replay_actors is not None else own
+    learner = ApexLearnerThread(workers.local_worker(), learner_queue_size=config.learner_queue_size)
+    set_worker_epsilons(workers, config)
+    # (1) store rollouts in a shard; sync each delivering worker's weights every max_weight_sync_delay steps
+    store_op = ParallelRollouts(workers, mode="async", num_async=2).for_each(StoreToReplayBuffer(actors=shards))
+    if workers.remote_workers():
+        store_op = store_op.zip_with_source_actor().for_each(
+            UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
+    # (2) replay from the shards into the learner, each batch paired with its shard
+    replay_op = Replay(actors=shards, num_async=4)
+    if (hook := config.before_learn_on_batch) is not None:
+        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
+    enqueue_op = replay_op.zip_with_source_actor().for_each(Enqueue(learner.inqueue))
+    # (3) new priorities back to the shards, count what was trained, update the target network
+    update_op = (Dequeue(learner.outqueue, check=learner.is_alive)
+                 .for_each(UpdateReplayShardPriorities(learner, prioritized=config.prioritized_replay))
+                 .for_each(RecordLearnerOutput())
+                 .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True)))
+    if config.training_intensity is None:
+        merged = Concurrently([store_op, enqueue_op, update_op], mode="async", output_indexes=[2])
+    else:
+        merged = Concurrently([store_op, enqueue_op, update_op], mode="round_robin", output_indexes=[2],
+                              round_robin_weights=[*config.round_robin_weights, "*"])
+    n = len(workers.remote_workers())
+    selected = workers.remote_workers()[-math.ceil(n / 3):] if n else None
+    learner.start()
+    return (StandardMetricsReporting(merged, workers, config, selected_workers=selected)
+            .for_each(learner.add_learner_metrics)
+            .on_close(lambda: _shut_down(learner, own)))
+
+
+ALGORITHM = Algorithm("apex", ApexConfig, ApexPolicy, plan, make_owned_state=make_owned_state)
