@@ -231,7 +231,7 @@ def test_enqueue_on_a_full_queue_asks_for_a_retry_within_a_few_ms() -> None:
     t0 = time.monotonic()
     with pytest.raises(RetryLater):
         op("b")
-    assert time.monotonic() - t0 < 0.5  # bounded: a blocking put would never return
+    assert time.monotonic() - t0 < 5  # bounded: a blocking put would never return (wide margin for load)
     assert list(q.queue) == ["a"]
     with pytest.raises(ValueError, match="got None"):
         Enqueue(queue.Queue())(None)
@@ -569,7 +569,7 @@ def test_stop_ends_an_idle_learner_promptly() -> None:
     learner.stop()
     learner.join(timeout=WAIT_S)
     assert not learner.is_alive() and learner.stopped and learner.error is None
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10  # not the 300 s queue timeout (wide margin for load)
 
 
 def test_add_learner_metrics(start: Callable[[Any], Any]) -> None:
