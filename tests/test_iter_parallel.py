@@ -238,23 +238,38 @@ def test_remote_operators_run_inside_the_shard_actor(pool: list[Any], build: Any
 
 @ray.remote(num_cpus=0)
 class Tracker:
+    """An async actor, so a task can wait on the "all slots busy" event while others enter and leave."""
+
     def __init__(self) -> None:
+        import asyncio
+
         self.running: dict[int, int] = {}
         self.max_total = 0
         self.violations = 0
         self.enters = 0
+        self.full = asyncio.Event()  # set once 4 tasks (2 shards x max_concurrency 2) ran at the same time
 
-    def enter(self, shard: int) -> None:
+    async def enter(self, shard: int) -> None:
         if self.running.get(shard, 0) >= 2:
             self.violations += 1
         self.running[shard] = self.running.get(shard, 0) + 1
         self.enters += 1
         self.max_total = max(self.max_total, sum(self.running.values()))
+        if self.max_total >= 4:
+            self.full.set()
 
-    def leave(self, shard: int) -> None:
+    async def wait_full(self, timeout_s: float) -> None:
+        import asyncio
+
+        try:
+            await asyncio.wait_for(self.full.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass  # the report then shows max_total < 4
+
+    async def leave(self, shard: int) -> None:
         self.running[shard] -= 1
 
-    def report(self) -> tuple[int, int, int]:
+    async def report(self) -> tuple[int, int, int]:
         return self.max_total, self.violations, self.enters
 
 
@@ -264,7 +279,8 @@ def test_for_each_max_concurrency_keeps_k_tasks_running_per_shard(pool: list[Any
 
     def work(item: tuple[int, int]) -> int:
         ray.get(tracker.enter.remote(item[0]))
-        time.sleep(0.15)
+        ray.get(tracker.wait_full.remote(20.0))  # the first four hold until all four run (no timing luck)
+        time.sleep(0.05)  # simulated work, so later tasks overlap too
         ray.get(tracker.leave.remote(item[0]))
         return item[1]
 
