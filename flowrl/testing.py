@@ -27,7 +27,7 @@ from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, OBS, REWARDS, TD_ER
 if TYPE_CHECKING:
     from flowrl.workers import WorkerSet
 
-__all__ = ["iter_list", "fake_batch", "FakeConfig", "FakePolicy", "FakeWorker", "make_fake_workers",
+__all__ = ["iter_list", "plan_lines", "fake_batch", "FakeConfig", "FakePolicy", "FakeWorker", "make_fake_workers",
            "TinyPGPolicy", "WEIGHTS_VERSION", "WORKER_INDEX", "SAMPLE_INDEX"]
 
 T = TypeVar("T")
@@ -46,6 +46,30 @@ def iter_list(items: Iterable[T]) -> LocalIterator[T]:
         [2, 3]
     """
     return LocalIterator.from_iterable(list(items), name="iter_list")
+
+
+def plan_lines(fn: Callable[..., Any]) -> int:
+    """Non-blank lines of a plan function, signature included, docstring excluded (STYLE.md §2's limit).
+
+    Examples:
+        >>> def plan(workers, config):
+        ...     'Doc.'
+        ...
+        ...     return workers
+        >>> plan_lines(plan)
+        2
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(fn))
+    node = ast.parse(source).body[0]
+    assert isinstance(node, ast.FunctionDef)  # an internal invariant: fn is a plain function
+    docstring_end = node.body[0].end_lineno or 0
+    body = [line for line in source.splitlines()[docstring_end:] if line.strip()]
+    signature = source.splitlines()[:node.body[0].lineno - 1]
+    return len(body) + len(signature)
 
 
 def fake_batch(count: int, *, start: int = 0, **columns: Any) -> SampleBatch:

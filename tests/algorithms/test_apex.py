@@ -3,11 +3,8 @@ plan's shape and size, shutdown, the three sub-flows, the trainer-owned shards a
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import tempfile
-import textwrap
 import threading
 import time
 from typing import Any
@@ -25,7 +22,7 @@ from flowrl.algorithms.dqn import NSTEP_DISCOUNTS
 from flowrl.config import ModelConfig
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, TERMINATEDS, TRUNCATEDS,
                                  SampleBatch)
-from flowrl.testing import make_fake_workers
+from flowrl.testing import make_fake_workers, plan_lines
 from flowrl.trainer import Trainer
 from flowrl.workers import WorkerSet
 
@@ -171,13 +168,7 @@ def test_worker_side_prioritization_writes_td_error_priorities() -> None:
 # -- plan ---------------------------------------------------------------------------------------------
 
 def test_plan_fits_in_40_lines() -> None:
-    source = textwrap.dedent(inspect.getsource(plan))
-    fn = ast.parse(source).body[0]
-    assert isinstance(fn, ast.FunctionDef)
-    docstring_end = fn.body[0].end_lineno or 0
-    body = [line for line in source.splitlines()[docstring_end:] if line.strip()]
-    signature = source.splitlines()[:fn.body[0].lineno - 1]
-    assert len(body) + len(signature) <= 40, len(body) + len(signature)
+    assert plan_lines(plan) <= 40, plan_lines(plan)
 
 
 STORE = "LocalIterator[ParallelRollouts(async).for_each(StoreToReplayBuffer(actors=1))"

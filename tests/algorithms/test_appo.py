@@ -4,10 +4,7 @@ a seeded learning check on CartPole."""
 
 from __future__ import annotations
 
-import ast
-import inspect
 import re
-import textwrap
 import threading
 import time
 from dataclasses import replace
@@ -25,7 +22,7 @@ from flowrl.algorithms.vtrace import vtrace
 from flowrl.metrics import MetricsContext
 from flowrl.ops.train import UpdateTargetAndKL
 from flowrl.sample_batch import ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T, SampleBatch
-from flowrl.testing import make_fake_workers
+from flowrl.testing import make_fake_workers, plan_lines
 from flowrl.trainer import Trainer
 
 SPACES = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
@@ -257,13 +254,7 @@ def test_plan_shape() -> None:
 
 
 def test_plan_fits_in_25_lines() -> None:
-    source = textwrap.dedent(inspect.getsource(plan))
-    fn = ast.parse(source).body[0]
-    assert isinstance(fn, ast.FunctionDef)
-    docstring_end = fn.body[0].end_lineno or 0
-    body = [line for line in source.splitlines()[docstring_end:] if line.strip()]
-    signature = source.splitlines()[:fn.body[0].lineno - 1]
-    assert len(body) + len(signature) <= 25, len(body) + len(signature)
+    assert plan_lines(plan) <= 25, plan_lines(plan)
 
 
 # -- learning ------------------------------------------------------------------------------------------

@@ -3,10 +3,7 @@ workers (shape, line count, learner thread stopped on close), and a seeded learn
 
 from __future__ import annotations
 
-import ast
-import inspect
 import re
-import textwrap
 import threading
 import time
 from typing import Any
@@ -21,7 +18,7 @@ from flowrl.algorithms.impala import ALGORITHM, IMPALAConfig, IMPALAPolicy, plan
 from flowrl.algorithms.vtrace import vtrace
 from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
                                  SampleBatch)
-from flowrl.testing import make_fake_workers
+from flowrl.testing import make_fake_workers, plan_lines
 from flowrl.trainer import Trainer
 
 from flowrl.workers import WorkerSet
@@ -178,13 +175,7 @@ def test_plan_shape_and_the_learner_stops_when_the_plan_is_closed() -> None:
 
 
 def test_plan_fits_in_40_lines() -> None:
-    source = textwrap.dedent(inspect.getsource(plan))
-    fn = ast.parse(source).body[0]
-    assert isinstance(fn, ast.FunctionDef)
-    docstring_end = fn.body[0].end_lineno or 0
-    body = [line for line in source.splitlines()[docstring_end:] if line.strip()]
-    signature = source.splitlines()[:fn.body[0].lineno - 1]
-    assert len(body) + len(signature) <= 40, len(body) + len(signature)
+    assert plan_lines(plan) <= 40, plan_lines(plan)
 
 
 def test_after_train_step_sees_each_learner_output() -> None:
