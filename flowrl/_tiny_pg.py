@@ -14,6 +14,8 @@ __all__ = ["TinyPGPolicy"]
 class TinyPGPolicy(Policy):
     """REINFORCE in a few lines, for tests and examples: returns-to-go, loss ``-logp(a) * G``."""
 
+    postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
+
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         batch[RETURNS] = discounted_returns(rewards=batch[REWARDS], terminateds=batch[TERMINATEDS],
                                             truncateds=batch[TRUNCATEDS], gamma=self.config.gamma)

@@ -287,9 +287,12 @@ class NumpyActing:
         self._refresh()
         x = np.asarray(obs, np.float32).reshape(len(obs), -1)
         for w, b in self._layers[:-1]:
-            x = self.activation(x @ w + b)
+            x = x @ w
+            x += b  # in place: x is a fresh array
+            x = self.activation(x)
         w, b = self._layers[-1]
-        out = x @ w + b
+        out = x @ w
+        out += b
         dist_inputs = out[:, :-1]
         if self.model.free_params is not None:
             free = self.model.free_params.detach().numpy()
@@ -299,18 +302,33 @@ class NumpyActing:
     def compute_actions(self, obs: np.ndarray, rng: np.random.Generator,
                         explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(actions, logp, values, dist_inputs)`` with the same distributions as the torch classes."""
+        actions, values, dist_inputs = self.sample(obs, rng, explore)
+        return actions, self.logp(dist_inputs, actions), values, dist_inputs
+
+    def sample(self, obs: np.ndarray, rng: np.random.Generator,
+               explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(actions, values, dist_inputs)``: :meth:`compute_actions` without the log-probabilities, which a
+        rollout worker computes for a whole fragment at once with :meth:`logp`."""
         dist_inputs, values = self.forward(obs)
         if self.dist_class is Categorical:
             if explore:  # Gumbel-max: the argmax of logits + Gumbel noise is a categorical draw
                 actions = np.argmax(dist_inputs + rng.gumbel(size=dist_inputs.shape), axis=1)
             else:
                 actions = np.argmax(dist_inputs, axis=1)
-            z = dist_inputs - dist_inputs.max(axis=1, keepdims=True)
-            logp = z[np.arange(len(z)), actions] - np.log(np.exp(z).sum(axis=1))
-            return actions.astype(np.int64), logp, values, dist_inputs
+            return actions.astype(np.int64, copy=False), values, dist_inputs
         mean, log_std = np.split(dist_inputs, 2, axis=1)
-        std = np.exp(log_std)
-        actions = mean + std * rng.standard_normal(mean.shape, dtype=np.float32) if explore else mean.copy()
-        z = (actions - mean) / std
-        logp = (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(axis=1)
-        return actions, logp.astype(np.float32), values, dist_inputs
+        actions = mean + np.exp(log_std) * rng.standard_normal(mean.shape, dtype=np.float32) if explore else mean.copy()
+        return actions, values, dist_inputs
+
+    def logp(self, dist_inputs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """float32 ``log pi(actions)`` for dist inputs ``[..., D]`` and actions ``[...]`` (Categorical) or
+        ``[..., A]`` (DiagGaussian), row by row, so any leading shape gives the same values."""
+        if self.dist_class is Categorical:  # log-softmax of the chosen logit
+            flat, chosen_actions = dist_inputs.reshape(-1, dist_inputs.shape[-1]), actions.reshape(-1)
+            chosen = flat[np.arange(len(chosen_actions)), chosen_actions].reshape(actions.shape)
+            logp: np.ndarray = chosen - np.logaddexp.reduce(dist_inputs, axis=-1)
+        else:
+            mean, log_std = np.split(dist_inputs, 2, axis=-1)
+            z = (actions - mean) / np.exp(log_std)
+            logp = (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(axis=-1)
+        return logp.astype(np.float32, copy=False)

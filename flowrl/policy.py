@@ -14,7 +14,7 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +22,7 @@ import torch
 
 from flowrl.config import PolicyConfig
 from flowrl.models import ActionDistribution, NumpyActing, dist_class_for, make_model
-from flowrl.sample_batch import ACTION_DIST_INPUTS, LOGP, VF_PREDS, SampleBatch
+from flowrl.sample_batch import ACTION_DIST_INPUTS, ACTIONS, LOGP, VF_PREDS, SampleBatch
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch"]
 
@@ -73,6 +73,13 @@ class Policy:
     :meth:`update_target` and :meth:`update_kl`.
     """
 
+    #: ``True`` when :meth:`postprocess_trajectory` accepts one env's time-ordered rows spanning several
+    #: episodes (it restarts at every ``terminateds``/``truncateds`` row, as :func:`~flowrl.postprocessing.
+    #: compute_gae`, :func:`~flowrl.postprocessing.discounted_returns` and :func:`~flowrl.postprocessing.
+    #: compute_nstep` do). The rollout worker then calls it once per env and fragment instead of once per
+    #: episode, with the same result. ``False`` (the safe default for a new hook): one call per episode piece.
+    postprocess_spans_episodes: ClassVar[bool] = False
+
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         self.observation_space, self.action_space, self.config = observation_space, action_space, config
         self.device = _check_device(config.device)
@@ -109,6 +116,29 @@ class Policy:
             return actions, {LOGP: logp, VF_PREDS: values, ACTION_DIST_INPUTS: dist_inputs}
         return self._compute_actions_torch(obs, explore)
 
+    def sample_actions(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """:meth:`compute_actions` (exploring) for a rollout worker's step loop: the extras may leave out
+        columns that :meth:`complete_fragment` adds for a whole fragment at once (``logp`` on the numpy
+        path, a quarter of the acting cost per step)."""
+        fast = self._deferring_numpy_acting()
+        if fast is None:
+            return self.compute_actions(obs)
+        actions, values, dist_inputs = fast.sample(obs, self.act_random, True)
+        return actions, {VF_PREDS: values, ACTION_DIST_INPUTS: dist_inputs}
+
+    def complete_fragment(self, columns: dict[str, np.ndarray]) -> None:
+        """Adds, in place, what :meth:`sample_actions` left out to env-major fragment columns ``[N, T, ...]``."""
+        fast = self._deferring_numpy_acting()
+        if fast is not None:
+            columns[LOGP] = fast.logp(columns[ACTION_DIST_INPUTS], columns[ACTIONS])
+
+    def _deferring_numpy_acting(self) -> NumpyActing | None:
+        """The numpy mirror when :meth:`sample_actions` uses it (not swapped out, compute_actions not overridden)."""
+        fast = self.numpy_acting
+        if fast is None or fast.model is not self.model or type(self).compute_actions is not Policy.compute_actions:
+            return None
+        return fast
+
     @torch.no_grad()
     def _compute_actions_torch(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         dist_inputs, values = self.model(self._obs_tensor(obs))
@@ -128,7 +158,8 @@ class Policy:
 
     # -- hooks ------------------------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
-        """Called by the rollout worker on each trajectory piece (one env, one episode); identity here."""
+        """Called by the rollout worker on each trajectory piece: one env's rows of one episode, or of several
+        consecutive episodes when :attr:`postprocess_spans_episodes` is set; identity here."""
         return batch
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:

@@ -44,6 +44,13 @@ def _policy_seed(seed: int | None, worker_index: int) -> int | None:
     return int(np.random.SeedSequence([seed, worker_index, 7919]).generate_state(1)[0])
 
 
+def _env_major(steps: list[np.ndarray]) -> np.ndarray:
+    """``T`` per-step arrays ``[N, ...]`` as one contiguous ``[N, T, ...]`` array (``np.stack(steps, 1)``,
+    without its per-array overhead)."""
+    joined = np.concatenate(steps).reshape(len(steps), *steps[0].shape)
+    return np.ascontiguousarray(joined.swapaxes(0, 1))
+
+
 class RolloutWorker(ParallelIteratorWorker):
     """Envs plus policy replicas; ``sample()`` one fragment per call. Usable in-process or as an actor.
 
@@ -90,7 +97,7 @@ class RolloutWorker(ParallelIteratorWorker):
         extras: dict[str, list[np.ndarray]] = {}
         episodes = self._episodes
         for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
-            acts, extra = policy.compute_actions(self._obs)
+            acts, extra = policy.sample_actions(self._obs)
             step = env.step(acts)
             obs.append(self._obs)
             actions.append(acts)
@@ -105,7 +112,8 @@ class RolloutWorker(ParallelIteratorWorker):
             self._obs = step.obs
         columns = {OBS: obs, ACTIONS: actions, REWARDS: rewards, TERMINATEDS: terms, TRUNCATEDS: truncs,
                    NEXT_OBS: next_obs, **extras}
-        stacked = {k: np.stack(v, axis=1) for k, v in columns.items()}  # [N, T, ...], env-major
+        stacked = {k: _env_major(v) for k, v in columns.items()}
+        policy.complete_fragment(stacked)
         eps_ids, ts = self._number_episodes(stacked[TERMINATEDS] | stacked[TRUNCATEDS])
         return [SampleBatch._of_checked({**{k: v[i] for k, v in stacked.items()}, EPS_ID: eps_ids[i], T: ts[i],
                                          ENV_ID: np.full(steps, i, dtype=np.int64)}) for i in range(env.num_envs)]
@@ -134,9 +142,15 @@ class RolloutWorker(ParallelIteratorWorker):
         self._next_eps += int(done_NT.sum())
         return eps_ids, ts
 
-    def _postprocess(self, pieces: Sequence[SampleBatch]) -> list[SampleBatch]:
+    def _postprocess(self, trajectories: Sequence[SampleBatch]) -> SampleBatch:
+        """One env's rows at a time, each ending on an episode boundary or the fragment's cut; per episode
+        unless the policy's hook spans episodes (or is the identity), then per trajectory as a whole."""
         policy = self.policy_map[DEFAULT_POLICY_ID]
-        return [policy.postprocess_trajectory(piece) for piece in pieces]
+        if type(policy).postprocess_trajectory is Policy.postprocess_trajectory:
+            return SampleBatch.concat(trajectories)
+        if not policy.postprocess_spans_episodes:
+            trajectories = [piece for traj in trajectories for piece in traj.split_by_episode()]
+        return SampleBatch.concat([policy.postprocess_trajectory(traj) for traj in trajectories])
 
     def _make_multi_agent(self, policy_class: type[Policy], config: RolloutConfig,
                           policy_config: PolicyConfig) -> tuple[MultiAgentVectorEnv, dict[str, Policy]]:
@@ -216,8 +230,7 @@ class RolloutWorker(ParallelIteratorWorker):
             return self._sample_multi_agent()
         length = self.config.rollout_fragment_length
         if self.config.batch_mode == "truncate_episodes":
-            pieces = [p for traj in self._step_chunk(length) for p in traj.split_by_episode()]
-            return SampleBatch.concat(self._postprocess(pieces))
+            return self._postprocess(self._step_chunk(length))
         done: list[SampleBatch] = []
         while sum(b.count for b in done) < self.config.sample_size:
             for i, traj in enumerate(self._step_chunk(length)):
@@ -226,11 +239,11 @@ class RolloutWorker(ParallelIteratorWorker):
                 ends = np.flatnonzero(joined[TERMINATEDS] | joined[TRUNCATEDS])
                 if len(ends):
                     cut = int(ends[-1]) + 1
-                    done.extend(joined[:cut].split_by_episode())
+                    done.append(joined[:cut])
                     self._pending[i] = [joined[cut:]] if cut < joined.count else []
                 else:
                     self._pending[i] = [joined]
-        return SampleBatch.concat(self._postprocess(done))
+        return self._postprocess(done)
 
     def get_metrics(self) -> list[EpisodeRecord]:
         """The episodes finished since the last call, with ``policy_returns`` filled in."""

@@ -144,6 +144,8 @@ class ActorCriticPolicy(Policy):
 
     config: ActorCriticConfig
 
+    postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
+
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         if not isinstance(config, ActorCriticConfig):
             raise TypeError(f"{type(self).__name__} needs an ActorCriticConfig (A2CConfig or A3CConfig) for its loss "

@@ -256,6 +256,8 @@ class DQNPolicy(Policy):
     config: DQNConfig
     model: QModel  # type: ignore[assignment]  # DQN replaces the base actor-critic model by a Q-network
 
+    postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
+
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         if not isinstance(config, DQNConfig):
             raise TypeError(f"DQNPolicy needs a DQNConfig for its Q-learning settings, got {type(config).__name__}; "

@@ -69,6 +69,8 @@ class PGPolicy(Policy):
         ['entropy', 'loss']
     """
 
+    postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
+
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         batch[RETURNS] = discounted_returns(rewards=batch[REWARDS], terminateds=batch[TERMINATEDS],
                                             truncateds=batch[TRUNCATEDS], gamma=self.config.gamma)

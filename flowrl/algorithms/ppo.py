@@ -158,6 +158,8 @@ class PPOPolicy(Policy):
 
     config: PPOConfig
 
+    postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
+
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         if not isinstance(config, PPOConfig):
             raise TypeError(f"PPOPolicy needs a PPOConfig for its loss settings, got {type(config).__name__}; "
