@@ -1175,14 +1175,17 @@ class LocalReplayBuffer:
         self._time("update_priorities", start)
 
     def stats(self, debug: bool = False) -> dict[str, Any]:
-        """Mean call times, ``num_added``, and each buffer's stats under ``policy_<id>``.
+        """Mean call times, ``num_added`` (env steps), this shard's ``capacity`` and ``learning_starts``, the
+        items stored (``num_entries``), and each buffer's stats under ``policy_<id>`` (added, sampled and
+        evicted counts; ``max_priority`` when prioritized). Plain data only.
 
         Args:
             debug: include the buffers' debug stats (stored timesteps and bytes).
         """
         stats: dict[str, Any] = {f"{name}_time_ms": 1000 * total / count if count else 0.0
                                  for name, (total, count) in self._timers.items()}
-        stats["num_added"] = self.num_added
+        stats.update(num_added=self.num_added, capacity=self.capacity, learning_starts=self.learning_starts,
+                     num_entries=len(self))
         for policy_id, buffer in self._buffers().items():
             stats[f"policy_{policy_id}"] = buffer.stats(debug=debug)
         return stats

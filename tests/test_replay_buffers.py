@@ -437,7 +437,8 @@ def test_independent_vs_lockstep() -> None:
     assert np.all(b[OBS] - a[OBS] == 1000)  # whole env steps: the policies stay aligned
     assert WEIGHTS not in a  # lockstep is uniform
     assert lockstep.replay_buffers == {} and len(lockstep) == 10 and list(lockstep.stats()) == [
-        "add_batch_time_ms", "replay_time_ms", "update_priorities_time_ms", "num_added", f"policy_{ALL_POLICIES}"]
+        "add_batch_time_ms", "replay_time_ms", "update_priorities_time_ms", "num_added", "capacity", "learning_starts",
+        "num_entries", f"policy_{ALL_POLICIES}"]
     lockstep.update_priorities({"a": ([0], [1.0])})  # uniform buffers: a no-op
 
 

@@ -34,9 +34,9 @@ from flowrl.algorithms import Algorithm
 from flowrl.algorithms.dqn import NSTEP_DISCOUNTS, DQNConfig, DQNPolicy
 from flowrl.config import PolicyConfig
 from flowrl.iter import LocalIterator
-from flowrl.ops import (ApexLearnerThread, Concurrently, Dequeue, Enqueue, ParallelRollouts, RecordLearnerOutput,
-                        Replay, StandardMetricsReporting, StoreToReplayBuffer, UpdateTargetNetwork,
-                        UpdateWorkerWeights)
+from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, Dequeue, Enqueue, ParallelRollouts,
+                        RecordLearnerOutput, Replay, StandardMetricsReporting, StoreToReplayBuffer,
+                        UpdateTargetNetwork, UpdateWorkerWeights)
 from flowrl.ops.replay import UpdateReplayShardPriorities
 from flowrl.replay_buffers import make_replay_actors
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
@@ -252,6 +252,7 @@ def plan(workers: WorkerSet, config: ApexConfig, *,
     """Ape-X (SEMANTICS.md §4.6): (1) store async rollouts in the shards, syncing each worker's weights every
     ``max_weight_sync_delay`` steps; (2) replay from the shards into the learner thread; (3) priorities back to
     the shards, count, update the target network; async (or round robin by training intensity), emitting (3).
+    Each report adds the learner's metrics and ``info["replay_shard_0"]``, shard 0's ``stats()``.
 
     Examples:
         >>> config = ApexConfig(seed=0, num_workers=0, num_replay_buffer_shards=1, learning_starts=64,
@@ -268,9 +269,11 @@ def plan(workers: WorkerSet, config: ApexConfig, *,
           .for_each(UpdateTargetNetwork(500000))]]
           .filter(ReportGate(100 steps, 0 s))
           .for_each(CollectMetrics)
-          .for_each()]
-        >>> next(it)["info"]["num_steps_trained"] % 32
-        0
+          .for_each()
+          .for_each(AddReplayShardStats(replay_shard_0))]
+        >>> result = next(it)
+        >>> result["info"]["num_steps_trained"] % 32, result["info"]["replay_shard_0"]["num_added"] >= 64
+        (0, True)
         >>> it.close()
     """
     own = make_replay_shards(config) if replay_actors is None else []
@@ -302,6 +305,7 @@ def plan(workers: WorkerSet, config: ApexConfig, *,
     learner.start()
     return (StandardMetricsReporting(merged, workers, config, selected_workers=selected)
             .for_each(learner.add_learner_metrics)
+            .for_each(AddReplayShardStats(shards[0]))
             .on_close(lambda: _shut_down(learner, own)))
 
 

@@ -7,6 +7,11 @@ replayed ones, concatenated to ``train_batch_size`` steps and enqueued for a lea
 dequeues what the learner trained and counts it; ``Concurrently(async)`` runs both, and the learner's output
 drives the reports. Sampling is throttled by the learner's bounded in-queue, never dropped.
 
+With tree aggregation (``num_aggregation_workers = G > 0``) the sampling branch moves into G ``Aggregator`` actors
+on the driver's node, each over the workers ``i ≡ g (mod G)``: an aggregator gathers its group, keeps its workers
+on the weights it was last sent, mixes in replay and concatenates; the driver gathers finished train batches,
+counts only their freshly sampled steps, sends each aggregator the learner's weights and enqueues the batch.
+
 The policy's loss is the V-trace actor-critic loss (:mod:`flowrl.algorithms.vtrace`), computed per contiguous
 (episode, env) piece of the train batch.
 
@@ -22,6 +27,7 @@ Examples:
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,16 +39,20 @@ import torch
 from flowrl.algorithms import Algorithm
 from flowrl.algorithms.vtrace import VTraceReturns, vtrace
 from flowrl.config import PolicyConfig, TrainerConfig
-from flowrl.iter import LocalIterator
-from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrently, Dequeue, Enqueue, LearnerThread,
-                        MixInReplay, MultiGPULearnerThread, ParallelRollouts, RecordLearnerOutput,
-                        StandardMetricsReporting)
+from flowrl.iter import LocalIterator, from_actors
+from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrently, CountFreshSteps, Dequeue, Enqueue,
+                        LearnerThread, MixInReplay, MultiGPULearnerThread, ParallelRollouts, RecordLearnerOutput,
+                        StandardMetricsReporting, make_aggregators)
 from flowrl.policy import Policy, TensorBatch
 from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
                                  SampleBatch)
 from flowrl.workers import WorkerSet
 
+import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
+
 __all__ = ["IMPALAConfig", "IMPALAPolicy", "plan", "ALGORITHM"]
+
+logger = logging.getLogger(__name__)
 
 _POSITIVE_INTS = ("num_multi_gpu_tower_stacks", "minibatch_buffer_size", "num_sgd_iter", "learner_queue_size",
                   "max_sample_requests_in_flight_per_worker", "broadcast_interval")
@@ -65,8 +75,13 @@ class IMPALAConfig(TrainerConfig):
         learner_queue_size: train batches waiting for the learner (16); a full queue throttles sampling.
         learner_queue_timeout: seconds of one wait of the learner on its empty queue (300); it then waits again.
         max_sample_requests_in_flight_per_worker: sample requests outstanding per worker (2).
-        broadcast_interval: fragments between re-reads of the learner weights (1).
-        num_aggregation_workers: tree aggregation; only 0 is implemented.
+        broadcast_interval: fragments (train batches, with tree aggregation) between re-reads of the learner
+            weights (1).
+        num_aggregation_workers: G, the aggregator actors of tree aggregation (0: none, the driver gathers the
+            workers itself). Each aggregator (``num_cpus=0``, on the driver's node) gathers the workers
+            ``i ≡ g (mod G)``, keeps them on its cached weights, mixes in replay and concatenates train batches.
+            At most ``num_workers`` (each needs a worker; so ``num_workers >= 1``); more than half of them logs
+            a warning, as the aggregators then hardly aggregate.
         after_train_step: ``None``, or a factory ``(workers, config) -> stage`` applied to each learner output.
         vtrace_clip_rho_threshold: ``rho_bar``, V-trace's clip of the importance weights (1.0).
         vtrace_clip_pg_rho_threshold: the clip of the policy gradient's importance weights (1.0).
@@ -109,12 +124,16 @@ class IMPALAConfig(TrainerConfig):
         n = self.num_aggregation_workers
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"num_aggregation_workers={n!r} must be an int >= 0 (0: no tree aggregation)")
+        if n > 0 and self.num_workers == 0:
+            raise ValueError(f"num_aggregation_workers={n} with num_workers=0: tree aggregation gathers remote "
+                             f"rollout workers and there are none; set num_workers >= {n} or num_aggregation_workers=0")
         if n > self.num_workers:
             raise ValueError(f"num_aggregation_workers={n} exceeds num_workers={self.num_workers}; each aggregator "
                              f"needs at least one rollout worker, so lower num_aggregation_workers")
-        if n > 0:
-            raise ValueError(f"num_aggregation_workers={n}: tree aggregation is not implemented in flowrl yet; "
-                             f"set num_aggregation_workers=0")
+        if 2 * n > self.num_workers:
+            logger.warning("num_aggregation_workers=%d is more than half of num_workers=%d, so most aggregators "
+                           "serve a single worker and only add a hop; use num_aggregation_workers <= %d (0: the "
+                           "driver gathers the workers itself)", n, self.num_workers, self.num_workers // 2)
         if isinstance(self.replay_buffer_num_slots, bool) or not isinstance(self.replay_buffer_num_slots, int) \
                 or self.replay_buffer_num_slots < 0:
             raise ValueError(f"replay_buffer_num_slots={self.replay_buffer_num_slots!r} must be an int >= 0")
@@ -256,14 +275,36 @@ class IMPALAPolicy(Policy):
         return total, dict(zip(("policy_loss", "vf_loss", "entropy", "mean_rho"), parts))
 
 
-def _shut_down(learner: LearnerThread | MultiGPULearnerThread) -> None:
+def _make_learner(workers: WorkerSet, config: IMPALAConfig) -> LearnerThread | MultiGPULearnerThread:
+    """The learner thread (not started): the multi-GPU variant unless ``simple_optimizer``."""
+    if config.use_simple_optimizer:
+        return LearnerThread(workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
+                             num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
+                             learner_queue_timeout=config.learner_queue_timeout)
+    return MultiGPULearnerThread(
+        workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
+        num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
+        learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
+
+
+def _shut_down(learner: LearnerThread | MultiGPULearnerThread, aggregators: list[Any]) -> None:
     learner.stop()
     learner.join(timeout=30)
+    for aggregator in aggregators:
+        ray.kill(aggregator, no_restart=True)
 
 
 def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
-    """IMPALA (SEMANTICS.md §4.7, without aggregation): async rollouts -> weights to each delivering worker ->
-    replay mix-in -> concat -> learner thread; its output counted and reported.
+    """IMPALA (SEMANTICS.md §4.7): async rollouts -> weights to each delivering worker -> replay mix-in -> concat
+    -> learner thread; its output counted and reported.
+
+    With ``num_aggregation_workers = G > 0`` (tree aggregation) the rollout branch is G ``Aggregator`` actors, one
+    per round-robin group of workers, that each sync their workers' weights, mix in replay and concatenate; the
+    driver gathers their train batches, counts only the freshly sampled steps as sampled, sends each aggregator
+    the learner's weights and enqueues the batch. The plan kills the aggregators when it is closed.
+
+    Raises:
+        ValueError: tree aggregation without remote workers, or with fewer remote workers than aggregators.
 
     Examples:
         >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, min_iter_time_s=0)
@@ -282,25 +323,33 @@ def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, An
         True
         >>> it.close()
     """
-    if config.use_simple_optimizer:
-        learner: LearnerThread | MultiGPULearnerThread = LearnerThread(
-            workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
-            num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
-            learner_queue_timeout=config.learner_queue_timeout)
+    learner = _make_learner(workers, config)
+    aggregators: list[Any] = []
+    if config.num_aggregation_workers > 0:
+        # (1) tree aggregation: each aggregator gathers its group of workers, syncs their weights, mixes in replay
+        # and concatenates; the driver counts the fresh steps and sends the aggregator the learner's weights
+        if not workers.remote_workers():
+            raise ValueError(f"num_aggregation_workers={config.num_aggregation_workers} needs remote workers, but "
+                             f"the WorkerSet has none; build it with num_workers >= 1 or set num_aggregation_workers=0")
+        aggregators = make_aggregators(
+            ParallelRollouts(workers, mode="raw"), config.num_aggregation_workers,
+            train_batch_size=config.train_batch_size, count_steps_by=config.count_steps_by,
+            replay_buffer_num_slots=config.replay_buffer_num_slots, replay_proportion=config.replay_proportion,
+            num_async=config.max_sample_requests_in_flight_per_worker, seed=config.seed)
+        train_batches = (from_actors(aggregators, name=f"Aggregators[{len(aggregators)}]").gather_async()
+                         .zip_with_source_actor().for_each(CountFreshSteps())
+                         .for_each(BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval)))
     else:
-        learner = MultiGPULearnerThread(
-            workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
-            num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
-            learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
-    # (1) sample asynchronously, send each delivering worker the learner's weights, mix in replay, enqueue
-    frags = ParallelRollouts(workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker)
-    if workers.remote_workers():
-        frags = frags.zip_with_source_actor().for_each(
-            BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval))
-    enqueue_op = (frags
-                  .combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion, seed=config.seed))
-                  .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
-                  .for_each(Enqueue(learner.inqueue)))
+        # (1) sample asynchronously, send each delivering worker the learner's weights, mix in replay, concat
+        frags = ParallelRollouts(workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker)
+        if workers.remote_workers():
+            frags = frags.zip_with_source_actor().for_each(
+                BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval))
+        train_batches = (frags
+                         .combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion,
+                                              seed=config.seed))
+                         .combine(ConcatBatches(config.train_batch_size, config.count_steps_by)))
+    enqueue_op = train_batches.for_each(Enqueue(learner.inqueue))
     # (2) count what the learner trained, from its out-queue
     dequeue_op = Dequeue(learner.outqueue, check=learner.is_alive).for_each(RecordLearnerOutput())
     merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
@@ -309,7 +358,7 @@ def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, An
     learner.start()
     return (StandardMetricsReporting(merged, workers, config)
             .for_each(learner.add_learner_metrics)
-            .on_close(lambda: _shut_down(learner)))
+            .on_close(lambda: _shut_down(learner, aggregators)))
 
 
 ALGORITHM = Algorithm("impala", IMPALAConfig, IMPALAPolicy, plan)

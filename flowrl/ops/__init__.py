@@ -1,16 +1,18 @@
-"""The paper's operators: rollout, train, replay, concurrency and metrics (SEMANTICS.md §3).
+"""The paper's operators: rollout, train, replay, concurrency and metrics (SEMANTICS.md §3), plus IMPALA's
+tree aggregation (§4.7).
 
 A plan imports what it wires from here: ``from flowrl.ops import ParallelRollouts, ConcatBatches, ...``.
 Each name also lives in its family module (``flowrl.ops.rollout``, ``.train``, ``.replay``,
-``.concurrency``, ``.metrics``).
+``.concurrency``, ``.metrics``, ``.aggregation``).
 """
 
 from __future__ import annotations
 
+from flowrl.ops.aggregation import Aggregator, CountFreshSteps, make_aggregators
 from flowrl.ops.concurrency import (ApexLearnerThread, Concurrently, Dequeue, Enqueue, LearnerThread, MinibatchBuffer,
                                     MultiGPULearnerThread)
-from flowrl.ops.metrics import (CollectMetrics, CountSteps, OncePerTimeInterval, OncePerTimestepsElapsed, ReportGate,
-                                StandardMetricsReporting, WarnAboutBadRewardScales)
+from flowrl.ops.metrics import (AddReplayShardStats, CollectMetrics, CountSteps, OncePerTimeInterval,
+                                OncePerTimestepsElapsed, ReportGate, StandardMetricsReporting, WarnAboutBadRewardScales)
 from flowrl.ops.replay import (MixInReplay, Replay, StoreToReplayBuffer, UpdatePriorities, UpdateReplayShardPriorities,
                                WaitUntilTimestepsElapsed)
 from flowrl.ops.rollout import AsyncGradients, ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields
@@ -33,5 +35,7 @@ __all__ = [
     "ApexLearnerThread",
     # metrics
     "StandardMetricsReporting", "CollectMetrics", "ReportGate", "OncePerTimestepsElapsed", "OncePerTimeInterval",
-    "CountSteps", "WarnAboutBadRewardScales",
+    "CountSteps", "WarnAboutBadRewardScales", "AddReplayShardStats",
+    # tree aggregation
+    "Aggregator", "make_aggregators", "CountFreshSteps",
 ]

@@ -19,6 +19,7 @@ Examples:
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from flowrl.workers import WorkerSet
 
 __all__ = ["OncePerTimestepsElapsed", "OncePerTimeInterval", "ReportGate", "CollectMetrics",
-           "StandardMetricsReporting", "CountSteps", "WarnAboutBadRewardScales"]
+           "StandardMetricsReporting", "CountSteps", "WarnAboutBadRewardScales", "AddReplayShardStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -503,3 +504,55 @@ class WarnAboutBadRewardScales:
 
     def __repr__(self) -> str:
         return "WarnAboutBadRewardScales"
+
+
+class AddReplayShardStats:
+    """Consumes result dicts and emits them with ``info[key]`` = a replay shard's ``stats()`` (Ape-X reports
+    shard 0's, SEMANTICS.md §4.6).
+
+    Use with ``.for_each()`` after ``StandardMetricsReporting``. Each report waits at most ``timeout_s`` for
+    the shard's answer; on timeout it reports the previous answer (``{}`` before the first) and collects the
+    same request at the next report rather than sending another, so at most one is in flight. The stats are
+    plain data (counts, sizes, ``max_priority``), so a checkpoint can hold them.
+
+    Metrics: none (the result dict only).
+
+    Args:
+        shard: a replay shard actor (:class:`~flowrl.replay_buffers.ReplayActor`).
+        key: the ``info`` key (``"replay_shard_0"``).
+        timeout_s: the longest one report waits for the shard, > 0.
+
+    Examples:
+        >>> from flowrl.replay_buffers import make_replay_actors
+        >>> [shard] = make_replay_actors(1, learning_starts=0, capacity=10)
+        >>> op = AddReplayShardStats(shard)
+        >>> result = op({"info": {}})
+        >>> result["info"]["replay_shard_0"]["num_added"], result["info"]["replay_shard_0"]["capacity"]
+        (0, 10)
+        >>> ray.kill(shard)
+    """
+
+    def __init__(self, shard: Any, key: str = "replay_shard_0", timeout_s: float = 1.0) -> None:
+        if not callable(getattr(getattr(shard, "stats", None), "remote", None)):
+            raise TypeError(f"AddReplayShardStats needs a replay shard actor (stats.remote()), got "
+                            f"{type(shard).__name__}; pass one of the plan's replay actors")
+        _check_number("AddReplayShardStats", "timeout_s", timeout_s)
+        if not timeout_s > 0:
+            raise ValueError(f"AddReplayShardStats timeout_s={timeout_s} must be > 0 seconds")
+        self.shard, self.key, self.timeout_s = shard, key, timeout_s
+        self.stats: dict[str, Any] = {}
+        self._pending: Any = None  # the stats request in flight, if any
+
+    def __call__(self, result: ResultDict) -> ResultDict:
+        if self._pending is None:
+            self._pending = self.shard.stats.remote()
+        try:
+            self.stats = ray.get(self._pending, timeout=self.timeout_s)
+            self._pending = None
+        except ray.exceptions.GetTimeoutError:
+            pass  # keep the previous answer; this request is collected at the next report
+        result.setdefault("info", {})[self.key] = copy.deepcopy(self.stats)
+        return result
+
+    def __repr__(self) -> str:
+        return f"AddReplayShardStats({self.key})"

@@ -706,7 +706,11 @@ class BroadcastUpdateLearnerWeights(MetricsBinding):
     Use with ``.for_each()`` after ``.zip_with_source_actor()``, before concatenation. Every
     ``broadcast_interval`` fragments, if ``learner_thread.weights_updated``, the flag is cleared and the
     local weights are put once more (read under ``weights_lock``). Each fragment's actor is sent the
-    cached reference with the global vars unless it already holds that exact reference.
+    cached reference with the global vars unless it already holds that exact reference. With tree
+    aggregation the items are ``(aggregator, train_batch)`` (after
+    :class:`~flowrl.ops.aggregation.CountFreshSteps`) and the aggregator, whose ``set_weights(weights,
+    global_vars)`` caches them for its workers, is the recipient; ``broadcast_interval`` then counts train
+    batches.
 
     Metrics: ``num_weight_broadcasts += 1`` per refresh.
 

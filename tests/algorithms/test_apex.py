@@ -175,7 +175,8 @@ STORE = "LocalIterator[ParallelRollouts(async).for_each(StoreToReplayBuffer(acto
 REPLAY = "LocalIterator[Replay(actors=1).zip_with_source_actor().for_each(Enqueue(maxsize=16))]"
 UPDATE = ("LocalIterator[Dequeue.for_each(UpdateReplayShardPriorities).for_each(RecordLearnerOutput)"
           ".for_each(UpdateTargetNetwork(200))]")
-REPORT = ".filter(ReportGate(100 steps, 0 s)).for_each(CollectMetrics).for_each()]"
+REPORT = (".filter(ReportGate(100 steps, 0 s)).for_each(CollectMetrics).for_each()"
+          ".for_each(AddReplayShardStats(replay_shard_0))]")
 
 
 @pytest.mark.parametrize("num_workers, training_intensity, head, store_tail", [
@@ -250,6 +251,29 @@ def test_the_three_sub_flows_all_progress() -> None:
         assert {"learner_queue", "timing_breakdown"} <= set(info)
         assert set(info["timing_breakdown"]) >= {"learner_dequeue_time_ms", "learner_grad_time_ms",
                                                  "learner_overall_time_ms"}
+    finally:
+        it.close()
+        workers.stop()
+        for shard in shards:
+            ray.kill(shard)
+
+
+def test_reports_carry_replay_shard_0_stats() -> None:
+    config = dataclasses.replace(SMALL, num_replay_buffer_shards=2)  # shard 0 of 2: half the capacity
+    workers = make_fake_workers(0, rollout_fragment_length=10)
+    shards = make_replay_shards(config)
+    it = plan(workers, config, replay_actors=shards)
+    try:
+        results = [next(it) for _ in range(3)]
+        added = [r["info"]["replay_shard_0"]["num_added"] for r in results]
+        assert added == sorted(added) and 0 < added[-1] <= results[-1]["info"]["num_steps_sampled"]
+        stats = results[-1]["info"]["replay_shard_0"]
+        assert (stats["capacity"], stats["learning_starts"]) == (config.buffer_size // 2, config.learning_starts // 2)
+        policy = stats["policy_default_policy"]
+        assert 0 < stats["num_entries"] == policy["num_entries"] <= stats["capacity"]
+        assert policy["num_added"] == policy["num_timesteps_added"] > 0 and policy["max_priority"] >= 1.0
+        now = ray.get(shards[0].stats.remote())  # shard 0's own answer, asked later: at least as far along
+        assert now["num_added"] >= stats["num_added"] and now["capacity"] == stats["capacity"]
     finally:
         it.close()
         workers.stop()

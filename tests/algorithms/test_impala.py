@@ -1,5 +1,6 @@
 """IMPALA (SEMANTICS.md §4.7): config, the V-trace loss over a concatenated train batch, the plan against fake
-workers (shape, line count, learner thread stopped on close), and a seeded learning check on CartPole."""
+workers (shape, line count, learner thread stopped on close), tree aggregation (fresh-step counting, per-group
+gathering, weights to every worker, aggregators killed on close, validation), and learning checks on CartPole."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+import ray
 import torch
 
-from flowrl.algorithms import get_algorithm
+from flowrl.algorithms import get_algorithm, impala
 from flowrl.algorithms.impala import ALGORITHM, IMPALAConfig, IMPALAPolicy, plan, sequence_layout
 from flowrl.algorithms.vtrace import vtrace
-from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
-                                 SampleBatch)
-from flowrl.testing import make_fake_workers, plan_lines
+from flowrl.metrics import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER
+from flowrl.ops import BroadcastUpdateLearnerWeights, make_aggregators
+from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS,
+                                 TERMINATEDS, TRUNCATEDS, T, AnyBatch, SampleBatch)
+from flowrl.testing import SAMPLE_INDEX, WEIGHTS_VERSION, WORKER_INDEX, make_fake_workers, plan_lines
 from flowrl.trainer import Trainer
 
 from flowrl.workers import WorkerSet
@@ -43,8 +47,9 @@ def test_config_has_impala_defaults() -> None:
     ({"batch_mode": "complete_episodes"}, "batch_mode='complete_episodes': V-trace learns from fragments; "
                                           "use batch_mode='truncate_episodes'"),
     ({"num_aggregation_workers": 3}, "num_aggregation_workers=3 exceeds num_workers=2"),
-    ({"num_aggregation_workers": 1}, "num_aggregation_workers=1: tree aggregation is not implemented in flowrl "
-                                     "yet; set num_aggregation_workers=0"),
+    ({"num_aggregation_workers": 1, "num_workers": 0}, "num_aggregation_workers=1 with num_workers=0: tree "
+                                                       "aggregation gathers remote rollout workers and there are "
+                                                       "none; set num_workers >= 1 or num_aggregation_workers=0"),
     ({"num_aggregation_workers": -1}, "num_aggregation_workers=-1 must be an int >= 0"),
     ({"replay_proportion": 0.5}, "replay_proportion=0.5 needs stored fragments, but replay_buffer_num_slots=0"),
     ({"replay_proportion": -1.0}, "replay_proportion=-1.0 must be >= 0"),
@@ -211,6 +216,141 @@ def test_trainer_runs_impala_and_stop_ends_the_learner() -> None:
     assert not learner.is_alive()
 
 
+# -- tree aggregation ----------------------------------------------------------------------------------
+
+AGG_FRAGMENT, AGG_BATCH = 10, 20
+
+
+def _alive(actor: Any) -> bool:
+    try:
+        ray.get(actor.ping.remote(), timeout=30)
+        return True
+    except ray.exceptions.RayActorError:
+        return False
+
+
+def _dies(actor: Any, timeout_s: float = 30.0) -> bool:
+    """Whether ``actor`` is dead or dies within ``timeout_s`` (``ray.kill`` takes effect asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(actor):
+            return True
+    return False
+
+
+def _record_aggregation(monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[Any, AnyBatch]], list[Any]]:
+    """Patches the plan's module: the aggregators it starts are recorded, and so is every ``(aggregator,
+    train_batch)`` that reaches the (real) BroadcastUpdateLearnerWeights, i.e. right after CountFreshSteps."""
+    seen: list[tuple[Any, AnyBatch]] = []
+    made: list[Any] = []
+
+    class RecordingBroadcast(BroadcastUpdateLearnerWeights):
+        def __call__(self, item: tuple[Any, AnyBatch]) -> AnyBatch:
+            seen.append(item)
+            return super().__call__(item)
+
+    def recording_make_aggregators(*args: Any, **kwargs: Any) -> list[Any]:
+        made.extend(make_aggregators(*args, **kwargs))
+        return list(made)
+
+    monkeypatch.setattr(impala, "BroadcastUpdateLearnerWeights", RecordingBroadcast)
+    monkeypatch.setattr(impala, "make_aggregators", recording_make_aggregators)
+    return seen, made
+
+
+def test_tree_aggregation_counts_fresh_steps_keeps_groups_apart_and_syncs_every_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen, made = _record_aggregation(monkeypatch)
+    workers = make_fake_workers(4, rollout_fragment_length=AGG_FRAGMENT)
+    # replay_proportion=1: exactly one replayed fragment per fresh one, so each train batch is half replayed
+    config = IMPALAConfig(num_workers=4, num_aggregation_workers=2, train_batch_size=AGG_BATCH, min_iter_time_s=0,
+                          replay_proportion=1.0, replay_buffer_num_slots=4, broadcast_interval=4, seed=0)
+    remotes = workers.remote_workers()
+    try:
+        it = plan(workers, config)
+        try:
+            assert repr(it) == (
+                "LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelIterator[Aggregators[2]]"
+                ".gather_async().zip_with_source_actor().for_each(CountFreshSteps)"
+                ".for_each(BroadcastUpdateLearnerWeights(4)).for_each(Enqueue(maxsize=16))], "
+                "LocalIterator[Dequeue.for_each(RecordLearnerOutput)]].filter(ReportGate(0 steps, 0 s))"
+                ".for_each(CollectMetrics).for_each()]")
+            assert len(made) == 2
+            for _ in range(100):  # until every worker got learned weights from its aggregator and sampled with them
+                result = next(it)
+                records = ray.get([w.get_record.remote() for w in remotes])
+                pushed = [[sent[DEFAULT_POLICY_ID] for sent, global_vars in r["set_weights_calls"]
+                           if global_vars is not None] for r in records]  # the initial syncs carry no global vars
+                sampled_with_new = {int(w) for _, b in seen for w, v in zip(b[WORKER_INDEX], b[WEIGHTS_VERSION])
+                                    if v >= 1}
+                if all(p and p[-1] >= 1 for p in pushed) and sampled_with_new == {1, 2, 3, 4}:
+                    break
+            counters, info = it.metrics.counters, result["info"]
+            # sampled = the fresh fragments' steps; each replayed fragment repeats one (worker, sample) pair
+            fresh = {(int(w), int(k)) for _, b in seen for w, k in zip(b[WORKER_INDEX], b[SAMPLE_INDEX])}
+            assert counters[STEPS_SAMPLED_COUNTER] == counters[AGENT_STEPS_SAMPLED_COUNTER] == AGG_FRAGMENT * len(fresh)
+            assert sum(b.count for _, b in seen) == 2 * counters[STEPS_SAMPLED_COUNTER]  # replayed steps not sampled
+            # trained steps come from the learner's out-queue
+            assert info["num_steps_trained"] == AGG_BATCH * info["num_learner_updates"] > 0
+            assert info["num_steps_trained"] <= sum(workers.local_worker().learn_calls)
+            # aggregator g gathers only the workers i = g (mod 2): remote i has worker_index i + 1
+            groups: dict[Any, set[int]] = {}
+            for aggregator, b in seen:
+                groups.setdefault(aggregator, set()).update(int(w) for w in b[WORKER_INDEX])
+            assert set(groups) == set(made) and sorted(sorted(g) for g in groups.values()) == [[1, 3], [2, 4]]
+            # every worker got the learner's weights from its aggregator, each version once, in order
+            for versions in pushed:
+                assert versions and versions[-1] >= 1 and versions == sorted(set(versions)), pushed
+            assert sampled_with_new == {1, 2, 3, 4}
+        finally:
+            it.close()
+        assert all(_dies(a) for a in made)
+    finally:
+        workers.stop()
+
+
+def test_closing_the_plan_kills_its_aggregators_and_stops_the_learner(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, made = _record_aggregation(monkeypatch)
+    workers = make_fake_workers(2, rollout_fragment_length=AGG_FRAGMENT)
+    before = set(_learner_threads())
+    try:
+        it = plan(workers, IMPALAConfig(num_workers=2, num_aggregation_workers=1, train_batch_size=AGG_BATCH,
+                                        min_iter_time_s=0))
+        (learner,) = set(_learner_threads()) - before
+        assert len(made) == 1 and _alive(made[0])  # started by the plan call, before any pull
+        it.close()
+        assert not learner.is_alive() and _dies(made[0])
+    finally:
+        workers.stop()
+
+
+def test_tree_aggregation_warns_when_aggregators_exceed_half_the_workers(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="flowrl.algorithms.impala"):
+        IMPALAConfig(num_workers=4, num_aggregation_workers=2)
+        assert not caplog.records
+        IMPALAConfig(num_workers=4, num_aggregation_workers=3)
+    (record,) = caplog.records
+    assert "num_aggregation_workers=3 is more than half of num_workers=4" in record.getMessage()
+    assert "use num_aggregation_workers <= 2" in record.getMessage()
+
+
+@pytest.mark.parametrize("num_remote, message", [
+    (0, "num_aggregation_workers=2 needs remote workers, but the WorkerSet has none; build it with num_workers >= 1 "
+        "or set num_aggregation_workers=0"),
+    (1, "num_aggregators=2 exceeds the 1 rollout workers of ParallelIterator[ParallelRollouts(raw)]; each "
+        "aggregator needs at least one worker"),
+])
+def test_tree_aggregation_plan_rejects_too_few_remote_workers(num_remote: int, message: str) -> None:
+    workers = make_fake_workers(num_remote, rollout_fragment_length=AGG_FRAGMENT)
+    before = set(_learner_threads())
+    try:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            plan(workers, IMPALAConfig(num_workers=4, num_aggregation_workers=2))
+        assert set(_learner_threads()) == before  # nothing was started
+    finally:
+        workers.stop()
+
+
 # -- learning ------------------------------------------------------------------------------------------
 
 def test_impala_learns_cartpole_within_500k_steps() -> None:
@@ -235,3 +375,28 @@ def test_impala_learns_cartpole_within_500k_steps() -> None:
     print(f"IMPALA: return {result['episode_reward_mean']:.1f} after {result['timesteps_total']} steps, "
           f"{time.perf_counter() - start:.0f} s")
     assert result["episode_reward_mean"] >= 150
+
+
+def test_impala_with_tree_aggregation_learns_cartpole() -> None:
+    # One aggregator over two real workers. Seed 0 goes from ~23 to 80+ within ~50k steps, ~15 s after a ~10 s
+    # start (the aggregator imports torch) on 2 cores; 150k steps is the bound.
+    config = IMPALAConfig(env="CartPole-v1", seed=0, num_workers=2, num_aggregation_workers=1,
+                          num_cpus_per_worker=0.5, min_iter_time_s=0, timesteps_per_iteration=5_000)
+    workers = WorkerSet(policy_class=IMPALAPolicy, config=config)
+    start = time.perf_counter()
+    try:
+        it = plan(workers, config)
+        try:
+            results = []
+            for result in it:
+                results.append(result)
+                print(f"{result['timesteps_total']:>8} steps  return {result['episode_reward_mean']:6.1f}  "
+                      f"{time.perf_counter() - start:5.1f} s")
+                if result["episode_reward_mean"] >= 80 or result["timesteps_total"] >= 150_000:
+                    break
+        finally:
+            it.close()
+    finally:
+        workers.stop()
+    first, last = results[0], results[-1]
+    assert last["episode_reward_mean"] >= 80 and last["episode_reward_mean"] >= 2 * first["episode_reward_mean"]

@@ -15,8 +15,8 @@ from flowrl.iter import LocalIterator
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COUNTER, CUSTOM_METRICS, LEARNER_INFO,
                             LEARN_ON_BATCH_TIMER, SAMPLE_TIMER, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
-from flowrl.ops.metrics import (CollectMetrics, OncePerTimeInterval, OncePerTimestepsElapsed, ReportGate,
-                                StandardMetricsReporting)
+from flowrl.ops.metrics import (AddReplayShardStats, CollectMetrics, OncePerTimeInterval, OncePerTimestepsElapsed,
+                                ReportGate, StandardMetricsReporting)
 from flowrl.testing import FakeConfig, iter_list, make_fake_workers
 from flowrl.workers import WorkerSet
 
@@ -76,6 +76,36 @@ class MetricsActor:
         if self.gated:
             await self._gate.wait()
         return list(self.episodes)
+
+    async def release(self) -> None:
+        self.gated = False
+        if self._gate is not None:
+            self._gate.set()
+
+    async def num_calls(self) -> int:
+        return self.calls
+
+
+@ray.remote(num_cpus=0)
+class StatsActor:
+    """A replay shard stand-in whose ``stats()`` answers ``{"num_added": <call number>}``; while ``gated`` an
+    answer waits for :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.gated, self.calls = False, 0
+        self._gate: asyncio.Event | None = None
+
+    async def stats(self) -> dict[str, int]:
+        self.calls += 1
+        calls = self.calls
+        if self._gate is None:
+            self._gate = asyncio.Event()
+        if self.gated:
+            await self._gate.wait()
+        return {"num_added": calls}
+
+    async def gate(self) -> None:
+        self.gated, self._gate = True, asyncio.Event()
 
     async def release(self) -> None:
         self.gated = False
@@ -400,3 +430,35 @@ def test_reporting_ignores_the_train_op_values() -> None:
     results = list(plan)
     assert len(results) == 3 and all(isinstance(r, dict) for r in results)
     assert [r["episodes_this_iter"] for r in results] == [1, 0, 0]
+
+
+# -- AddReplayShardStats ----------------------------------------------------------------------------
+
+def test_replay_shard_stats_keep_the_previous_answer_on_timeout_and_never_re_request() -> None:
+    shard = StatsActor.remote()
+    try:
+        op = AddReplayShardStats(shard, timeout_s=0.5)
+        assert repr(op) == "AddReplayShardStats(replay_shard_0)"
+        first = op({"info": {"learner": {}}})
+        assert first["info"] == {"learner": {}, "replay_shard_0": {"num_added": 1}}
+        ray.get(shard.gate.remote())
+        assert op({})["info"]["replay_shard_0"] == {"num_added": 1}  # timed out: the previous answer
+        assert op({})["info"]["replay_shard_0"] == {"num_added": 1}
+        assert ray.get(shard.num_calls.remote()) == 2  # the pending request was not sent again
+        ray.get(shard.release.remote())
+        op.timeout_s = 30  # the carried request answers now; do not depend on a short deadline
+        assert op({})["info"]["replay_shard_0"] == {"num_added": 2}
+        assert op({})["info"]["replay_shard_0"] == {"num_added": 3}  # answered, so asked afresh
+    finally:
+        ray.kill(shard)
+
+
+def test_replay_shard_stats_reject_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="needs a replay shard actor"):
+        AddReplayShardStats(object())
+    shard = StatsActor.remote()
+    try:
+        with pytest.raises(ValueError, match="timeout_s=0 must be > 0 seconds"):
+            AddReplayShardStats(shard, timeout_s=0)
+    finally:
+        ray.kill(shard)
