@@ -253,11 +253,10 @@ class RolloutWorker(ParallelIteratorWorker):
     def _policy_returns(self, ep: EpisodeRecord) -> dict[str, float]:
         if self.mapping is None:
             return {DEFAULT_POLICY_ID: ep.episode_return}
-        returns: dict[str, float] = {}
+        by_policy: dict[str, list[float]] = {}
         for aid, ret in ep.agent_returns.items():
-            pid = self.mapping(aid)
-            returns[pid] = returns.get(pid, 0.0) + ret
-        return returns
+            by_policy.setdefault(self.mapping(aid), []).append(ret)
+        return {pid: sum(rets) / len(rets) for pid, rets in by_policy.items()}  # a policy's mean agent return
 
     # -- learning (the local worker) -------------------------------------------------------------
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:

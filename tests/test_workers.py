@@ -168,6 +168,20 @@ def test_multi_agent_worker_samples_one_batch_per_policy() -> None:
     assert_same(again.policy_batches["ppo_policy"], batch.policy_batches["ppo_policy"])
 
 
+def test_multi_agent_policy_returns_are_the_mean_return_of_each_policys_agents() -> None:
+    """As RLlib's policy_reward_mean: an average over agents, so it is comparable to a single-agent return."""
+    w = RolloutWorker(policy_class=TinyPGPolicy,
+                      config=multi_agent_config(env_config={"num_agents": 4, "max_episode_steps": 12}))
+    w.sample()
+    episodes = w.get_metrics()
+    assert episodes
+    for ep in episodes:
+        assert sorted(ep.agent_returns) == [f"agent_{i}" for i in range(4)]
+        for pid, agents in (("ppo_policy", ("agent_0", "agent_2")), ("dqn_policy", ("agent_1", "agent_3"))):
+            assert ep.policy_returns[pid] == pytest.approx(sum(ep.agent_returns[a] for a in agents) / 2)
+        assert ep.episode_return == pytest.approx(sum(ep.agent_returns.values()))
+
+
 def test_multi_agent_mapping_to_unknown_policies_is_named() -> None:
     with pytest.raises(ValueError, match="not among the known policy ids"):
         multi_agent_config(policy_mapping_fn={"agent_0": "nope"})

@@ -7,11 +7,11 @@ maps a name to its module and imports it on first use, so ``flowrl.algorithms`` 
 
 Examples:
     >>> sorted(ALGORITHMS)
-    ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'pg', 'ppo']
+    ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'multiagent', 'pg', 'ppo']
     >>> get_algorithm("sac")
     Traceback (most recent call last):
     ...
-    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'pg', 'ppo']
+    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'multiagent', 'pg', 'ppo']
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ ALGORITHMS: dict[str, str] = {
     "apex": "flowrl.algorithms.apex",
     "impala": "flowrl.algorithms.impala",
     "appo": "flowrl.algorithms.appo",
+    "multiagent": "flowrl.algorithms.multiagent",
 }
 
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 import difflib
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 
 import gymnasium
 import numpy as np
+
+if TYPE_CHECKING:
+    from flowrl.envs.multi_agent import MultiAgentEnv
 
 __all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "make_env", "derive_seed", "check_seed"]
 
@@ -84,9 +87,9 @@ class EnvContext:
         object.__setattr__(self, "config", dict(self.config))
 
 
-EnvSpec = Union[str, Callable[[EnvContext], "gymnasium.Env[Any, Any]"]]
+EnvSpec = Union[str, Callable[[EnvContext], "gymnasium.Env[Any, Any]"], Callable[[EnvContext], "MultiAgentEnv"]]
 """A gymnasium id (``"CartPole-v1"``, or ``"module:Id-v0"`` to import ``module`` first) or a callable
-``EnvContext -> gymnasium.Env``."""
+``EnvContext -> gymnasium.Env``; a multi-agent config's env is a callable ``EnvContext -> MultiAgentEnv``."""
 
 
 def _check_registered(env_id: str) -> None:
@@ -196,7 +199,8 @@ class EpisodeRecord:
         episode_length: env steps in the episode.
         agent_returns: agent id -> that agent's return; empty for a single-agent env.
         custom_metrics: user metrics for the episode (name -> value); empty by default.
-        policy_returns: policy id -> the summed return of its agents; the rollout worker fills it.
+        policy_returns: policy id -> the mean return of its agents in this episode (as RLlib's
+            ``policy_reward_mean`` averages agent returns); the rollout worker fills it.
 
     Examples:
         >>> EpisodeRecord(env_index=0, episode_return=12.0, episode_length=12)

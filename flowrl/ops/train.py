@@ -294,7 +294,8 @@ class UpdateKL(MetricsBinding):
 
     Use with ``.for_each()`` right after TrainOneStep or MultiGPUTrainOneStep: it consumes their
     ``(batch, learner_info)`` and calls ``update_kl(learner_info[pid]["learner_stats"]["kl"])`` on the
-    local worker's policy of each trainable policy present (an absent one is skipped with a warning).
+    local worker's policy of each of ``policies`` (``None``: the trainable ones) present in it (an absent
+    one is skipped with a warning).
 
     Metrics: none.
 
@@ -306,8 +307,10 @@ class UpdateKL(MetricsBinding):
         (True, [0.02])
     """
 
-    def __init__(self, workers: WorkerSet) -> None:
+    def __init__(self, workers: WorkerSet, policies: Collection[str] | None = None) -> None:
         self.workers = _check_workers(workers, type(self).__name__)
+        self.policies = None if policies is None else _resolve_policies(workers, policies, type(self).__name__,
+                                                                            trained=True)
 
     def __call__(self, item: tuple[AnyBatch, LearnerInfo]) -> tuple[AnyBatch, LearnerInfo]:
         if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[1], Mapping):
@@ -315,7 +318,7 @@ class UpdateKL(MetricsBinding):
                              f"MultiGPUTrainOneStep, got {type(item).__name__}: {item!r:.80}; put it right after one")
         local = self.workers.local_worker()
         learner_info = item[1]
-        for pid in local.policies_to_train:
+        for pid in self.policies if self.policies is not None else local.policies_to_train:
             if pid not in learner_info:
                 logger.warning("UpdateKL: trainable policy %r has no learner info in this step (it was not in "
                                "the batch); its KL coefficient is left as is", pid)

@@ -335,6 +335,18 @@ def test_update_kl_skips_an_absent_trainable_policy_with_a_warning(caplog: pytes
     assert any("'b'" in r.getMessage() for r in caplog.records)
 
 
+def test_update_kl_with_policies_updates_only_those(caplog: pytest.LogCaptureFixture) -> None:
+    """The two-policy plan: UpdateKL(policies=["a"]) after a branch that trains only "a" warns about nothing."""
+    ws = make_fake_workers(0, **TWO_POLICIES)
+    with caplog.at_level(logging.WARNING, logger="flowrl.ops.train"):
+        UpdateKL(ws, policies=["a"])((fake_batch(2), {"a": {LEARNER_STATS_KEY: {"kl": 0.3}}}))
+    local = ws.local_worker()
+    assert local.get_policy("a").kl_updates == [0.3] and local.get_policy("b").kl_updates == []
+    assert not caplog.records
+    with pytest.raises(ValueError, match=r"UpdateKL policies=\['ghost'\] names \['ghost'\]"):
+        UpdateKL(ws, policies=["ghost"])
+
+
 # -- gradients (§6.33, §6.37) -------------------------------------------------------------------------
 
 def test_compute_gradients_then_average_of_four_is_the_elementwise_mean() -> None:  # §6.37
