@@ -365,6 +365,17 @@ class _Stage:
         self.suffix, self.build, self.fn = suffix, build, fn
 
 
+class _Origin:
+    """Where a LocalIterator's stream starts, recorded at plan-build time for :mod:`flowrl.plan_graph`.
+
+    ``kind`` is ``"source"``, ``"gather"`` (``inputs``: the ParallelIterator), ``"union"``, ``"duplicate"``
+    (``inputs``: the duplicated iterator) or ``"named"``; ``attrs`` hold the arguments that shape the flow.
+    """
+
+    def __init__(self, kind: str, label: str, inputs: tuple[Any, ...] = (), **attrs: Any) -> None:
+        self.kind, self.label, self.inputs, self.attrs = kind, label, inputs, attrs
+
+
 # ---------------------------------------------------------------------------------------------
 # The shared metrics cell: iterators of one lineage share a cell; union re-points cells at one flow.
 
@@ -415,9 +426,10 @@ class LocalIterator(Generic[T]):
 
     stall_warning_s: float = 60.0
 
-    def __init__(self, source: Callable[[MetricsContext], _Puller], name: str, *,
-                 cell: _Cell | None = None, stages: tuple[_Stage, ...] = (), has_duplicate: bool = False) -> None:
+    def __init__(self, source: Callable[[MetricsContext], _Puller], name: str, *, cell: _Cell | None = None,
+                 stages: tuple[_Stage, ...] = (), has_duplicate: bool = False, origin: _Origin | None = None) -> None:
         self._source, self._name, self._stages = source, name, stages
+        self._origin = origin if origin is not None else _Origin("source", name)
         self._cell = cell if cell is not None else _Cell()
         self._has_duplicate = has_duplicate
         self._chain: _Puller | None = None
@@ -445,7 +457,7 @@ class LocalIterator(Generic[T]):
     # -- building and consumption -----------------------------------------------------------------
     def _derive(self, stage: _Stage) -> LocalIterator[Any]:
         return LocalIterator(self._source, self._name + stage.suffix, cell=self._cell,
-                             stages=self._stages + (stage,), has_duplicate=self._has_duplicate)
+                             stages=self._stages + (stage,), has_duplicate=self._has_duplicate, origin=self._origin)
 
     def _build(self) -> _Puller:
         ctx = self._cell.flow.metrics
@@ -495,16 +507,22 @@ class LocalIterator(Generic[T]):
         """The dataflow's shared metrics context."""
         return self._cell.flow.metrics
 
-    def named(self, name: str) -> LocalIterator[T]:
+    def named(self, name: str, *, inputs: Sequence[LocalIterator[Any]] | None = None,
+              **attrs: Any) -> LocalIterator[T]:
         """The same stream (same stages, same metrics) under a new name: for sources built by
         composition, e.g. ``ParallelRollouts(bulk_sync)``.
+
+        :meth:`describe` shows it as one node over its own stages, or over ``inputs`` when given (the
+        sub-flows of a combinator such as ``Concurrently``; ``()`` makes it a source); ``attrs`` are
+        recorded on that node for plan inspection.
 
         Examples:
             >>> iter_list([1, 2]).for_each(lambda x: x).named("Two")
             LocalIterator[Two]
         """
-        return LocalIterator(self._source, name, cell=self._cell, stages=self._stages,
-                             has_duplicate=self._has_duplicate)
+        origin = _Origin("named", name, (self,) if inputs is None else tuple(inputs), **attrs)
+        return LocalIterator(functools.partial(_build_of, self), name, cell=self._cell,
+                             has_duplicate=self._has_duplicate, origin=origin)
 
     def on_close(self, fn: Callable[[], Any]) -> LocalIterator[T]:
         """Registers a zero-argument callback run by :meth:`close` (newest first); returns ``self``."""
@@ -533,6 +551,45 @@ class LocalIterator(Generic[T]):
 
     def __repr__(self) -> str:
         return f"LocalIterator[{self._name}]"
+
+    # -- inspection (flowrl.plan_graph; it imports this module, hence the local imports) ---------
+    def describe(self) -> str:
+        """The plan's operator graph as a text tree (:func:`flowrl.plan_graph.to_text`): the output on top,
+        each stage's upstream below it; a union's inputs (``[i]``), a composite's internals and the producers
+        of a queue (``<~``) indented. A stream read by several consumers (a ``duplicate()`` parent) is shown
+        once, tagged ``@k``, and referred to by that tag afterwards.
+
+        Examples:
+            >>> a, b = iter_list([1, 2]).duplicate(2)
+            >>> print(a.for_each(abs).union(b, deterministic=True).describe())
+            LocalUnion(round_robin)
+              [0] for_each()
+                  duplicate[0]
+                  iter_list @1
+              [1] duplicate[1]
+                  iter_list @1 (shown above)
+        """
+        from flowrl import plan_graph
+        return plan_graph.to_text(plan_graph.build(self))
+
+    def validate(self) -> None:
+        """Checks the plan before launch; raises ``ValueError`` listing every problem with its fix.
+
+        See :func:`flowrl.plan_graph.problems` for what it checks.
+
+        Examples:
+            >>> a, b = iter_list([1, 2]).duplicate(2)
+            >>> a.for_each(abs).validate()
+            Traceback (most recent call last):
+            ...
+            ValueError: the plan has 1 problem:
+            - duplicate[1] of iter_list is never consumed by the plan: ...
+        """
+        from flowrl import plan_graph
+        found = plan_graph.problems(plan_graph.build(self), self.metrics)
+        if found:
+            raise ValueError(f"the plan has {len(found)} problem{'s' if len(found) > 1 else ''}:\n- "
+                             + "\n- ".join(found))
 
     # -- transforms ----------------------------------------------------------------------------
     def for_each(self, fn: Callable[[T], U], max_concurrency: int = 1,
@@ -624,7 +681,9 @@ class LocalIterator(Generic[T]):
             raise ValueError(f"duplicate(n={n!r}) needs n >= 2; use the iterator itself for one consumer")
         state = _DuplicateState(self, n)
         return [LocalIterator(functools.partial(_DuplicateChild, state, i), f"{self._name}.duplicate[{i}]",
-                              cell=self._cell, has_duplicate=True) for i in range(n)]
+                              cell=self._cell, has_duplicate=True,
+                              origin=_Origin("duplicate", f"duplicate[{i}]", (self,), index=i, n=n))
+                for i in range(n)]
 
     def union(self, *others: LocalIterator[T], deterministic: bool = False,
               round_robin_weights: Sequence[float | str] | None = None) -> LocalIterator[T]:
@@ -647,8 +706,11 @@ class LocalIterator(Generic[T]):
         quotas = _union_quotas(len(inputs), deterministic, round_robin_weights)
         _merge([it._cell for it in inputs])
         name = "LocalUnion[" + ", ".join(repr(it) for it in inputs) + "]"
+        mode = "round_robin" if deterministic or round_robin_weights is not None else "async"
+        origin = _Origin("union", "LocalUnion", tuple(inputs), mode=mode, round_robin_weights=round_robin_weights)
         union: LocalIterator[T] = LocalIterator(lambda ctx: _Union([it._build() for it in inputs], quotas), name,
-                                                cell=self._cell, has_duplicate=any(it._has_duplicate for it in inputs))
+                                                cell=self._cell, has_duplicate=any(it._has_duplicate for it in inputs),
+                                                origin=origin)
         for it in inputs:
             it._consumed_by = union
         return union
@@ -714,6 +776,11 @@ class _Union(_Puller):
                 self.idle_turns = 0
                 return _NOT_READY
         return _END
+
+
+def _build_of(it: LocalIterator[Any], ctx: MetricsContext) -> _Puller:
+    """The source of a named iterator: the built chain of the iterator it renames."""
+    return it._build()
 
 
 class _DuplicateState:
@@ -1135,17 +1202,20 @@ class ParallelIterator(Generic[T]):
     # -- gathers -------------------------------------------------------------------------------
     def batch_across_shards(self) -> LocalIterator[list[T]]:
         """Lock-step rounds: one item from every live shard per pull, in shard order (a barrier)."""
-        return LocalIterator(functools.partial(_BarrierSource, self), f"{self!r}.batch_across_shards()")
+        return LocalIterator(functools.partial(_BarrierSource, self), f"{self!r}.batch_across_shards()",
+                             origin=_Origin("gather", "batch_across_shards", (self,)))
 
     def gather_sync(self) -> LocalIterator[T]:
         """``batch_across_shards().flatten()``: round after round, in shard order."""
         return LocalIterator(functools.partial(_BarrierSource, self), f"{self!r}.gather_sync()",
-                             stages=(_Stage("", lambda up, ctx: _Flatten(up)),))
+                             stages=(_Stage("", lambda up, ctx: _Flatten(up)),),
+                             origin=_Origin("gather", "gather_sync", (self,)))
 
     def gather_async(self, batch_ms: float = 0, num_async: int = 1) -> LocalIterator[T]:
         """Completion-order gather with at most ``num_async`` requests in flight per shard."""
         _check_gather_args(num_async, batch_ms)
-        return LocalIterator(lambda ctx: _AsyncSource(self, ctx, num_async, batch_ms), f"{self!r}.gather_async()")
+        return LocalIterator(lambda ctx: _AsyncSource(self, ctx, num_async, batch_ms), f"{self!r}.gather_async()",
+                             origin=_Origin("gather", "gather_async", (self,), num_async=num_async, batch_ms=batch_ms))
 
     def get_shard(self, shard_index: int, batch_ms: float = 0, num_async: int = 1) -> LocalIterator[T]:
         """A LocalIterator over one shard, in that shard's order."""
@@ -1156,7 +1226,9 @@ class ParallelIterator(Generic[T]):
         actor, transforms = pairs[shard_index]
         shard: ParallelIterator[T] = ParallelIterator([_ActorSet([actor], transforms)], self._name, self._parents)
         return LocalIterator(lambda ctx: _AsyncSource(shard, ctx, num_async, batch_ms, in_order=True),
-                             f"{self!r}.shard[{shard_index}]")
+                             f"{self!r}.shard[{shard_index}]",
+                             origin=_Origin("gather", f"shard[{shard_index}]", (shard,), num_async=num_async,
+                                            batch_ms=batch_ms))
 
     def shards(self) -> list[LocalIterator[T]]:
         """``[get_shard(i) for i in range(num_shards())]``."""

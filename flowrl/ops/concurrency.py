@@ -168,11 +168,13 @@ def Concurrently(ops: Sequence[LocalIterator[Any]], *, mode: Literal["round_robi
 
     deterministic = mode == "round_robin"
     if outputs is None:
-        return ops[0].union(*ops[1:], deterministic=deterministic,
-                            round_robin_weights=round_robin_weights).named(name)
-    tagged = [op.for_each(_Tag(i)) for i, op in enumerate(ops)]
-    union = tagged[0].union(*tagged[1:], deterministic=deterministic, round_robin_weights=round_robin_weights)
-    return union.combine(_SelectOutputs(outputs)).named(name)
+        merged = ops[0].union(*ops[1:], deterministic=deterministic, round_robin_weights=round_robin_weights)
+    else:
+        tagged = [op.for_each(_Tag(i)) for i, op in enumerate(ops)]
+        merged = (tagged[0].union(*tagged[1:], deterministic=deterministic, round_robin_weights=round_robin_weights)
+                  .combine(_SelectOutputs(outputs)))
+    return merged.named(name, inputs=ops, mode=mode, round_robin_weights=round_robin_weights,
+                        output_indexes=None if outputs is None else sorted(outputs))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +277,9 @@ def Dequeue(input_queue: queue.Queue[T], check: Callable[[], object] = lambda: T
                              "producers must not put None")
         return item
 
-    return LocalIterator.from_poll(poll, name="Dequeue")
+    # named as a source that records its queue and producer, so plan inspection can link it to its Enqueue
+    return LocalIterator.from_poll(poll).named("Dequeue", inputs=(), queue=input_queue,
+                                               producer=getattr(check, "__self__", None))
 
 
 # ---------------------------------------------------------------------------------------------
