@@ -11,8 +11,9 @@ Examples:
     >>> with tempfile.TemporaryDirectory() as d:
     ...     path = write_checkpoint(Path(d), "checkpoint_000001", tree, algorithm="pg")
     ...     back = read_checkpoint(path, algorithm="pg")
-    >>> back["w"].tolist(), back["opt"], back["betas"], back["big"] == 2**100
-    ([0.0, 1.0, 2.0], {0: {'step': 2}}, (0.9, 0.99), True)
+    ...     owner = checkpoint_algorithm(path)
+    >>> back["w"].tolist(), back["opt"], back["betas"], back["big"] == 2**100, owner
+    ([0.0, 1.0, 2.0], {0: {'step': 2}}, (0.9, 0.99), True, 'pg')
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "write_checkpoint", "read_checkpoint"]
+__all__ = ["FORMAT_VERSION", "write_checkpoint", "read_checkpoint", "checkpoint_algorithm"]
 
 FORMAT_VERSION = 1
 _MANIFEST, _TREE, _ARRAYS = "manifest.json", "state.json", "arrays.npz"
@@ -93,6 +94,28 @@ def write_checkpoint(directory: Path, name: str, tree: Any, *, algorithm: str) -
     return final
 
 
+def _read_manifest(path: Path) -> tuple[int, str, dict[str, str]]:
+    manifest_path = path / _MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        version, owner, sums = manifest["format_version"], str(manifest["algorithm"]), dict(manifest["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{manifest_path} is missing or unreadable ({e}); pass the path save() returned") from e
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"{manifest_path} has checkpoint format {version!r}, newer than this flowrl's "
+                         f"{FORMAT_VERSION}; restore it with the flowrl version that wrote it")
+    return version, owner, sums
+
+
+def checkpoint_algorithm(path: Path | str) -> str:
+    """The algorithm name a checkpoint's manifest records (read before knowing which trainer to build).
+
+    Raises:
+        ValueError: a missing or unreadable manifest, or a newer format.
+    """
+    return _read_manifest(Path(path))[1]
+
+
 def read_checkpoint(path: Path | str, *, algorithm: str) -> Any:
     """The tree written by :func:`write_checkpoint`, after checking format, algorithm and checksums.
 
@@ -100,15 +123,7 @@ def read_checkpoint(path: Path | str, *, algorithm: str) -> Any:
         ValueError: a missing, truncated or altered file, a newer format, or another algorithm's checkpoint.
     """
     path = Path(path)
-    manifest_path = path / _MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        version, owner, sums = manifest["format_version"], manifest["algorithm"], manifest["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{manifest_path} is missing or unreadable ({e}); pass the path save() returned") from e
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"{manifest_path} has checkpoint format {version!r}, newer than this flowrl's "
-                         f"{FORMAT_VERSION}; restore it with the flowrl version that wrote it")
+    _, owner, sums = _read_manifest(path)
     if owner != algorithm:
         raise ValueError(f"{path} is a checkpoint of {owner!r}, not {algorithm!r}; restore it into a "
                          f"{owner!r} trainer")

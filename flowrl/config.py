@@ -2,7 +2,9 @@
 
 They live apart from the classes they configure so that a process can build, check and pickle a
 config (the CLI, a fake worker actor in tests) without importing torch. :mod:`flowrl.models`,
-:mod:`flowrl.policy` and :mod:`flowrl.workers` re-export them.
+:mod:`flowrl.policy` and :mod:`flowrl.workers` re-export them. :func:`config_to_data` and
+:func:`config_from_data` turn a config into plain JSON data and back (checkpoints store it, so the CLI can
+resume and evaluate from a path alone).
 
 Examples:
     >>> RolloutConfig(env="CartPole-v1", num_envs_per_worker=4, rollout_fragment_length=50).sample_size
@@ -15,8 +17,11 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Union, get_args, get_origin
 
 from flowrl.envs.base import EnvSpec
 from flowrl.envs.multi_agent import make_policy_mapping
@@ -25,7 +30,8 @@ from flowrl.sample_batch import DEFAULT_POLICY_ID
 if TYPE_CHECKING:
     from flowrl.policy import Policy
 
-__all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "TrainerConfig", "ACTIVATIONS"]
+__all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "TrainerConfig", "ACTIVATIONS",
+           "config_field_types", "config_to_data", "config_from_data"]
 
 ACTIVATIONS = ("tanh", "relu", "elu")
 
@@ -236,3 +242,156 @@ class TrainerConfig(RolloutConfig):
         if self.simple_optimizer is None:
             return self.num_gpus <= 1
         return self.simple_optimizer
+
+
+# -- configs as plain data (checkpoints, the command line) -----------------------------------------
+
+def config_field_types(config_class: type) -> dict[str, Any]:
+    """The type of each field of a config dataclass, resolved from its annotations.
+
+    A hint that names a ``TYPE_CHECKING``-only import (``PolicySpec.policy_class: type[Policy]``) resolves
+    to ``None``: such a field holds a class or a callable, never plain data.
+
+    Examples:
+        >>> types_ = config_field_types(ModelConfig)
+        >>> types_["hidden_sizes"], types_["free_log_std"]
+        (tuple[int, ...], <class 'bool'>)
+        >>> config_field_types(PolicySpec)["policy_class"] is None
+        True
+    """
+    hints: dict[str, Any] = {}
+    for klass in reversed(config_class.__mro__):
+        module = sys.modules.get(klass.__module__)
+        namespace = dict(vars(module)) if module is not None else {}
+        for name, annotation in klass.__dict__.get("__annotations__", {}).items():
+            if isinstance(annotation, str):
+                try:  # the class's own source annotation, evaluated as typing.get_type_hints would
+                    annotation = eval(annotation, namespace)
+                except Exception:  # a name imported only under TYPE_CHECKING
+                    annotation = None
+            hints[name] = annotation
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(config_class)}
+
+
+_MISSING = object()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data (tuples as lists), or ``_MISSING`` when it is not plain data."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        items = [_plain(v) for v in value]
+        return _MISSING if any(v is _MISSING for v in items) else items
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        entries = {k: _plain(v) for k, v in value.items()}
+        return _MISSING if any(v is _MISSING for v in entries.values()) else entries
+    return _MISSING
+
+
+def _fields_to_data(config: Any, prefix: str, not_stored: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out[f.name] = _fields_to_data(value, f"{prefix}{f.name}.", not_stored)
+            continue
+        data = _plain(value)
+        if data is _MISSING:
+            not_stored[prefix + f.name] = {"callable": callable(value),
+                                           "value": getattr(value, "__qualname__", None) or f"{value!r:.80}"}
+        else:
+            out[f.name] = data
+    return out
+
+
+def config_to_data(config: Any) -> dict[str, Any]:
+    """A config dataclass as plain JSON data that :func:`config_from_data` rebuilds.
+
+    Fields become a dict (nested config dataclasses as dicts, tuples as lists). A field that holds a
+    callable or a class (an env callable, ``APPOConfig.after_train_step``, a multi-agent ``policies``
+    map) cannot be stored; it is recorded under ``"not_stored"``. When rebuilding the config without
+    those fields (so their defaults, and what ``__post_init__`` derives from them, apply) gives an equal
+    config, ``"not_stored_are_defaults"`` is true and the data rebuilds anyway; otherwise
+    :func:`config_from_data` refuses it, naming the fields whose values the defaults do not give back.
+
+    Examples:
+        >>> data = config_to_data(RolloutConfig(env="CartPole-v1", model=ModelConfig(hidden_sizes=(32, 32))))
+        >>> data["class"], data["fields"]["model"]["hidden_sizes"], data["not_stored"]
+        ('flowrl.config.RolloutConfig', [32, 32], {})
+        >>> config_from_data(RolloutConfig, data).model.hidden_sizes
+        (32, 32)
+        >>> data = config_to_data(RolloutConfig(env=make_policy_mapping))  # any callable env
+        >>> data["not_stored"], data["not_stored_are_defaults"]
+        ({'env': {'callable': True, 'value': 'make_policy_mapping', 'default': False}}, False)
+    """
+    not_stored: dict[str, dict[str, Any]] = {}
+    cls = type(config)
+    data: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}",
+                            "fields": _fields_to_data(config, "", not_stored), "not_stored": not_stored,
+                            "not_stored_are_defaults": True}
+    if not_stored:
+        try:
+            rebuilt = config_from_data(cls, data)
+        except Exception:  # a probe only: whatever fails to rebuild is simply not restorable
+            rebuilt = None
+        for path, entry in not_stored.items():
+            entry["default"] = rebuilt is not None and _at(rebuilt, path) == _at(config, path)
+        data["not_stored_are_defaults"] = rebuilt == config
+    return data
+
+
+def _at(config: Any, path: str) -> Any:
+    for name in path.split("."):
+        config = getattr(config, name)
+    return config
+
+
+def _from_plain(value: Any, tp: Any) -> Any:
+    """JSON ``value`` back to the field type ``tp``: lists to tuples, dicts to nested config dataclasses."""
+    if value is None:
+        return None
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        members = [a for a in args if a is not type(None)]
+        if isinstance(value, list):
+            members = [m for m in members if get_origin(m) in (tuple, list)]
+        elif isinstance(value, dict):
+            members = [m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)]
+        return _from_plain(value, members[0]) if len(members) == 1 else value
+    if origin is tuple and isinstance(value, list):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_from_plain(v, args[0]) for v in value)
+        return tuple(_from_plain(v, a) for v, a in zip(value, args, strict=False))
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return _from_fields(tp, value)
+    return value
+
+
+def _from_fields(config_class: type, fields: Mapping[str, Any]) -> Any:
+    types_ = config_field_types(config_class)
+    unknown = sorted(set(fields) - set(types_))
+    if unknown:
+        raise ValueError(f"{config_class.__name__} has no fields {unknown}; the data was written by another "
+                         f"version of flowrl (its fields: {sorted(types_)})")
+    return config_class(**{name: _from_plain(value, types_[name]) for name, value in fields.items()})
+
+
+def config_from_data(config_class: type, data: Mapping[str, Any]) -> Any:
+    """Rebuilds a config of ``config_class`` from :func:`config_to_data` output; its own validation runs.
+
+    Raises:
+        ValueError: the data is of another config class or has unknown fields, or it holds a callable
+            (or other non-data) field that the config's defaults do not rebuild.
+    """
+    wanted = f"{config_class.__module__}.{config_class.__qualname__}"
+    if data.get("class") != wanted:
+        raise ValueError(f"the saved config is a {data.get('class')!r}, not a {wanted!r}; rebuild it with its own class")
+    not_stored = data.get("not_stored") or {}
+    if not_stored and not data.get("not_stored_are_defaults"):
+        custom = {path: entry for path, entry in not_stored.items() if not entry.get("default")} or not_stored
+        described = ", ".join(f"{'a callable' if entry.get('callable') else 'a non-data'} field {path} "
+                              f"({entry.get('value')})" for path, entry in custom.items())
+        raise ValueError(f"this config holds {described}, which cannot be stored as data; restore it from "
+                         f"Python with Trainer(...).restore(path)")
+    return _from_fields(config_class, data["fields"])

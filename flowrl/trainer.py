@@ -2,7 +2,9 @@
 
 It also owns what must outlive a plan: checkpoints (``save``/``restore``, plain data only) and the
 handling of failed remote workers, which rebuilds the plan with the counters carried over
-(SEMANTICS.md §5).
+(SEMANTICS.md §5). A checkpoint also holds the trainer's config as data, so
+:func:`load_checkpoint_config` and :meth:`Trainer.from_checkpoint` (the CLI's ``--resume`` and
+``evaluate``) rebuild a registered algorithm's trainer from the path alone.
 
 Examples:
     >>> from flowrl.algorithms import Algorithm
@@ -33,15 +35,15 @@ from typing import Any
 import ray
 
 from flowrl import runtime
-from flowrl._checkpoint import read_checkpoint, write_checkpoint
-from flowrl.algorithms import Algorithm, get_algorithm
-from flowrl.config import TrainerConfig
+from flowrl._checkpoint import checkpoint_algorithm, read_checkpoint, write_checkpoint
+from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from flowrl.config import TrainerConfig, config_from_data, config_to_data
 from flowrl.iter import LocalIterator
 from flowrl.policy import Policy
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.workers import WorkerSet
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "load_checkpoint_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,32 @@ def _worker_died(error: BaseException) -> bool:
             return True
         seen = seen.__cause__
     return False
+
+
+def load_checkpoint_config(checkpoint_path: str | Path) -> tuple[Algorithm, TrainerConfig]:
+    """The registered algorithm and the config that a :meth:`Trainer.save` checkpoint was written with.
+
+    Raises:
+        ValueError: not a checkpoint, a checkpoint of an unregistered algorithm, one written before
+            checkpoints held their config, or one whose config holds a callable (an env callable, a
+            custom hook) that data cannot rebuild; the message says how to restore it from Python.
+    """
+    path = Path(checkpoint_path)
+    name = checkpoint_algorithm(path)
+    if name.lower() not in ALGORITHMS:
+        raise ValueError(f"{path} is a checkpoint of {name!r}, which is not a registered algorithm "
+                         f"({sorted(ALGORITHMS)}); restore it from Python with Trainer(<its Algorithm>, "
+                         f"config).restore(path)")
+    algorithm = get_algorithm(name)
+    saved = read_checkpoint(path, algorithm=algorithm.name).get("config")
+    if saved is None:
+        raise ValueError(f"{path} holds no config (it was written before checkpoints stored theirs); restore it "
+                         f"from Python with Trainer({name!r}, <its config>).restore(path)")
+    try:
+        config = config_from_data(algorithm.config_class, saved)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"checkpoint {path}: {e}") from e
+    return algorithm, config
 
 
 class Trainer:
@@ -85,7 +113,27 @@ class Trainer:
         make_state = self.algorithm.make_owned_state
         self.owned_state: dict[str, Any] = dict(make_state(config)) if make_state is not None else {}
         self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
-        self._plan = self._build_plan()
+        try:
+            self._plan = self._build_plan()
+        except BaseException:
+            self._release()  # a plan that cannot be built leaves no worker or owned actor behind
+            raise
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_path: str | Path) -> Trainer:
+        """A trainer of the checkpoint's registered algorithm and saved config, restored from it.
+
+        Raises:
+            ValueError: as :func:`load_checkpoint_config` and :meth:`restore`.
+        """
+        algorithm, config = load_checkpoint_config(checkpoint_path)
+        trainer = cls(algorithm, config)
+        try:
+            trainer.restore(checkpoint_path)
+        except BaseException:
+            trainer.stop()
+            raise
+        return trainer
 
     def _check_learner_devices(self) -> None:
         if self.config.num_gpus and not self.config._fake_gpus:
@@ -101,6 +149,11 @@ class Trainer:
         if not isinstance(plan, LocalIterator):
             raise TypeError(f"{self.algorithm.name} plan returned {type(plan).__name__}; a plan returns the "
                             f"LocalIterator of result dicts (end it with StandardMetricsReporting)")
+        try:
+            plan.validate()  # before the first pull: a malformed plan fails here, with the fix
+        except ValueError:
+            plan.close()  # a rejected plan leaves no learner thread or actor running
+            raise
         return plan
 
     @property
@@ -157,14 +210,21 @@ class Trainer:
         try:
             self._plan.close()
         finally:
-            self.workers.stop()
-            for obj in getattr(self, "owned_state", {}).values():
-                if callable(getattr(obj, "close", None)):
-                    obj.close()
+            self._release()
+
+    def _release(self) -> None:
+        """Stops the workers and closes the trainer-owned state that has a ``close()``."""
+        self.workers.stop()
+        for obj in getattr(self, "owned_state", {}).values():
+            if callable(getattr(obj, "close", None)):
+                obj.close()
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save(self, checkpoint_dir: str | Path) -> Path:
-        """Writes a checkpoint into ``checkpoint_dir`` (atomically) and returns its path."""
+        """Writes a checkpoint into ``checkpoint_dir`` (atomically) and returns its path.
+
+        It holds the workers' and the plan's state and the config as data (:func:`~flowrl.config.config_to_data`;
+        a field holding a callable is recorded, not stored)."""
         remote = self.workers.remote_workers()
         state = {
             "local_worker": self.workers.local_worker().get_state(),
@@ -173,6 +233,7 @@ class Trainer:
             "trainer": {"training_iteration": self.training_iteration, "time_total_s": self.time_total_s,
                         "episodes_total": self.episodes_total},
             "owned_state": {name: obj.get_state() for name, obj in self._checkpointed_state().items()},
+            "config": config_to_data(self.config),
         }
         name = f"checkpoint_{self.training_iteration:06d}"
         return write_checkpoint(Path(checkpoint_dir), name, state, algorithm=self.algorithm.name)

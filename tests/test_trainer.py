@@ -223,3 +223,23 @@ def test_trainer_owned_state_reaches_every_plan_and_is_checkpointed_on_request(t
     trainer.restore(path)
     assert (buf.num_added == added) is store  # replay data rewinds only when checkpoints hold it
     trainer.stop()
+
+
+def test_a_malformed_plan_is_refused_before_launch_and_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[bool] = []
+    stopped: list[bool] = []
+
+    def leaky_plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
+        rollouts, unused = ParallelRollouts(workers, mode="bulk_sync").duplicate(2)  # one child never consumed
+        return pg_plan_from(rollouts, workers, config).on_close(lambda: closed.append(True))
+
+    original_stop = WorkerSet.stop
+    monkeypatch.setattr(WorkerSet, "stop", lambda self: stopped.append(True) or original_stop(self))
+    with pytest.raises(ValueError, match="duplicate\\[1\\].* is never consumed"):
+        Trainer(Algorithm("leaky", TrainerConfig, TinyPGPolicy, leaky_plan), dataclasses.replace(CFG, num_workers=1))
+    assert closed == [True] and stopped == [True]  # the plan closed and the remote worker stopped
+
+
+def pg_plan_from(rollouts: LocalIterator[Any], workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
+    train_op = rollouts.combine(ConcatBatches(config.train_batch_size)).for_each(TrainOneStep(workers))
+    return StandardMetricsReporting(train_op, workers, config)

@@ -1,0 +1,671 @@
+"""The ``flowrl`` command line (also ``python -m flowrl ...``): train, evaluate, plot, list algorithms.
+
+::
+
+    flowrl train ppo --env CartPole-v1 --config lr=3e-4 --stop-reward 150
+    flowrl evaluate runs/ppo_CartPole-v1_20250101-120000 --episodes 20
+    flowrl plot runs/ppo_CartPole-v1_20250101-120000
+    flowrl algorithms [ppo]
+
+``--config key=value`` sets a field of the algorithm's frozen config, parsed by the field's type: ints,
+numbers, ``true``/``false``, strings, ``none``/``null`` for an optional field, a Literal's choices,
+comma-separated tuples (``hidden_sizes=64,64``; JSON for nested ones, ``conv_filters=[[16,8,4]]``),
+JSON objects for mappings (``env_config={"max_episode_steps": 200}``) and dotted keys into nested
+configs (``model.hidden_sizes=32,32``). The config is then built by its own constructor, so its own
+validation runs. Every mistake is a usage error (exit code 2) that names the key and the value, before
+Ray or any worker starts.
+
+A run directory (``runs/<algo>_<env>_<YYYYmmdd-HHMMSS>`` unless ``--log-dir``) holds ``progress.csv``,
+``result.json``, TensorBoard events under ``tb/`` (:mod:`flowrl.logger`), ``checkpoints/`` and
+``learning_curve.png``.
+
+Examples:
+    >>> from click.testing import CliRunner
+    >>> print(CliRunner().invoke(main, ["train", "ppo", "--config", "lr=-1", "--stop-iters", "1"]).output)
+    Usage: flowrl train [OPTIONS] ALGO
+    Try 'flowrl train --help' for help.
+    <BLANKLINE>
+    Error: Invalid value for '--config': PPOConfig rejects lr=-1: lr=-1.0 must be > 0
+    <BLANKLINE>
+    >>> print(CliRunner().invoke(main, ["train", "ppo", "--config", "lrr=0.1", "--stop-iters", "1"]).output)
+    Usage: ...
+    Error: Invalid value for '--config': lrr=0.1: PPOConfig has no field 'lrr'; did you mean 'lr'? ...
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import importlib
+import json
+import math
+import os
+import re
+import sys
+import time
+import types
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+
+import click
+
+from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from flowrl.config import TrainerConfig, config_field_types
+from flowrl.logger import LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress
+
+__all__ = ["main", "MAIN_JOB", "StopCriteria", "build_config", "parse_overrides"]
+
+#: ``python -m flowrl`` with no arguments: PPO on CartPole-v1 with two rollout workers and RLlib's tuned
+#: settings (train batch 4000, minibatch 128, 6 epochs, lr 3e-4), until the smoothed return reaches 450
+#: or 300k env steps have been sampled.
+MAIN_JOB = ("train", "ppo", "--env", "CartPole-v1",
+            "--config", "num_workers=2", "--config", "num_envs_per_worker=4", "--config", "rollout_fragment_length=500",
+            "--config", "train_batch_size=4000", "--config", "sgd_minibatch_size=128", "--config", "num_sgd_iter=6",
+            "--config", "lr=3e-4", "--seed", "0", "--stop-reward", "450", "--stop-timesteps", "300000")
+
+_NONE_WORDS = frozenset({"none", "null"})
+_TRUE_WORDS, _FALSE_WORDS = frozenset({"true", "yes", "on", "1"}), frozenset({"false", "no", "off", "0"})
+
+
+# -- --config key=value ---------------------------------------------------------------------------
+
+class _NotSettable(Exception):
+    """A field whose type holds a callable, a class or a nested config: no command-line spelling."""
+
+
+def _is_callable_type(tp: Any) -> bool:
+    origin = get_origin(tp)
+    return (tp is None or tp is type or origin is type or tp is collections.abc.Callable
+            or origin is collections.abc.Callable)
+
+
+def _is_dataclass_type(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _settable(tp: Any) -> bool:
+    """Whether a field of type ``tp`` has a command-line spelling (no callable, class or nested config)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        members = [a for a in args if a is not type(None) and not _is_callable_type(a)]
+        return len(members) == 1 and _settable(members[0])
+    if _is_callable_type(tp) or _is_dataclass_type(tp):
+        return False
+    if origin is Literal or tp in (bool, int, float, str):
+        return True
+    if origin is tuple:
+        return all(_settable(a) for a in args if a is not Ellipsis)
+    if origin in (dict, collections.abc.Mapping):
+        return not args or args[1] is Any or _settable(args[1])
+    return False
+
+
+def _describe(tp: Any) -> str:
+    """What a value of type ``tp`` looks like on the command line."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        members = [a for a in args if a is not type(None) and not _is_callable_type(a)]
+        text = " or ".join(_describe(m) for m in members)
+        return f"{text} or none" if type(None) in args else text
+    if origin is Literal:
+        return f"one of {list(args)}"
+    if origin is tuple:
+        plural = {int: "ints", float: "numbers", str: "strings"}
+        if len(args) == 2 and args[1] is Ellipsis and args[0] in plural:
+            return f"comma-separated {plural[args[0]]} (e.g. {'64,64' if args[0] is not str else 'a,b'})"
+        return "a JSON list (e.g. [[16,8,4],[32,4,2]])"
+    if origin in (dict, collections.abc.Mapping):
+        return 'a JSON object (e.g. {"max_episode_steps": 200})'
+    return {bool: "true or false", int: "an int", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _parse_value(text: str, tp: Any) -> Any:
+    """``text`` as a value of field type ``tp``.
+
+    Raises:
+        ValueError: ``text`` does not spell such a value (the message says what would).
+        _NotSettable: the type has no command-line spelling.
+    """
+    if not _settable(tp):
+        raise _NotSettable
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        if type(None) in args and text.strip().lower() in _NONE_WORDS:
+            return None
+        return _parse_value(text, next(a for a in args if a is not type(None) and not _is_callable_type(a)))
+    if origin is Literal:
+        if text not in args:
+            raise ValueError
+        return text
+    if tp is bool:
+        word = text.strip().lower()
+        if word not in _TRUE_WORDS | _FALSE_WORDS:
+            raise ValueError
+        return word in _TRUE_WORDS
+    if tp is int:
+        try:
+            return int(text)
+        except ValueError:
+            number = float(text)  # 4e3 is an int; 1.5 and "abc" are not
+            if not number.is_integer():
+                raise ValueError from None
+            return int(number)
+    if tp is float:
+        return float(text)
+    if tp is str:
+        return text
+    if origin is tuple:
+        items: Any = json.loads(text) if text.lstrip().startswith("[") else (
+            [] if not text.strip() else [item.strip() for item in text.split(",")])
+        return _coerce(items, tp)
+    if origin in (dict, collections.abc.Mapping):
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"expected {_describe(tp)}")
+        return {k: _coerce(v, args[1]) for k, v in value.items()} if args and args[1] is not Any else value
+    raise _NotSettable  # unreachable: _settable admits only the types above
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """An item of a tuple or mapping (a string from a comma list, or a JSON value) as type ``tp``."""
+    if isinstance(value, str) and tp is not Any:
+        return _parse_value(value, tp)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0]) for v in value)
+        if len(value) != len(args):
+            raise ValueError(f"expected {len(args)} items, got {value!r}")
+        return tuple(_coerce(v, a) for v, a in zip(value, args))
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if (tp is int and isinstance(value, int) and not isinstance(value, bool)) or tp is Any:
+        return value
+    if tp is bool and isinstance(value, bool):
+        return value
+    raise ValueError(f"expected {_describe(tp)}, got {value!r}")
+
+
+def _field_names(config_class: type, prefix: str = "") -> list[str]:
+    """Every settable dotted key of a config class (for suggestions)."""
+    names = []
+    for name, tp in config_field_types(config_class).items():
+        names.append(prefix + name)
+        if _is_dataclass_type(tp):
+            names += _field_names(tp, f"{prefix}{name}.")
+    return names
+
+
+def _field_default(config_class: type, name: str) -> Any:
+    field = next(f for f in dataclasses.fields(config_class) if f.name == name)
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _parse_override(config_class: type, item: str) -> tuple[tuple[str, ...], Any]:
+    """``"model.hidden_sizes=32,32"`` -> ``(("model", "hidden_sizes"), (32, 32))``."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"{item!r} is not key=value; write e.g. --config lr=3e-4")
+    path = tuple(key.split("."))
+    cls: type = config_class
+    for depth, name in enumerate(path):
+        types_ = config_field_types(cls)
+        if name not in types_:
+            close = difflib.get_close_matches(key, _field_names(config_class), n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "no field is close"
+            algo = next((n for n in ALGORITHMS if get_algorithm(n).config_class is config_class), None)
+            listing = f"`flowrl algorithms {algo}`" if algo else f"{config_class.__name__}'s docstring"
+            raise ValueError(f"{item}: {config_class.__name__} has no field {key!r}; {hint} ({listing} lists "
+                             f"the fields)")
+        tp = types_[name]
+        if depth < len(path) - 1:
+            if not _is_dataclass_type(tp):
+                raise ValueError(f"{item}: {'.'.join(path[:depth + 1])} is not a nested config, so it has no "
+                                 f"field {path[depth + 1]!r}")
+            cls = tp
+    if _is_dataclass_type(tp):
+        first = dataclasses.fields(tp)[0].name
+        raise ValueError(f"{item}: {key} is a nested {tp.__name__}; set its fields with dotted keys, e.g. "
+                         f"--config {key}.{first}=...")
+    default = _field_default(cls, path[-1])
+    try:
+        return path, _parse_value(text, tp)
+    except _NotSettable:
+        shown = getattr(default, "__qualname__", None) or repr(default)
+        raise ValueError(f"{item}: {key} holds a callable or a class (default {shown}), which cannot be set "
+                         f"from the command line; build the config in Python and run Trainer(...) there") from None
+    except ValueError as e:
+        # scalar parse errors say nothing the message does not; JSON and tuple ones do
+        detail = f" ({e})" if str(e) and not str(e).startswith(("could not convert", "invalid literal")) else ""
+        raise ValueError(f"{item}: {key} takes {_describe(tp)}, not {text!r}{detail}; its default is "
+                         f"{key}={default!r}") from None
+
+
+def _construct(config_class: type, overrides: Sequence[tuple[tuple[str, ...], Any]], base: Any) -> Any:
+    direct = {path[0]: value for path, value in overrides if len(path) == 1}
+    nested: dict[str, list[tuple[tuple[str, ...], Any]]] = {}
+    for path, value in overrides:
+        if len(path) > 1:
+            nested.setdefault(path[0], []).append((path[1:], value))
+    types_ = config_field_types(config_class)
+    for name, sub in nested.items():
+        sub_base = getattr(base, name) if base is not None else _field_default(config_class, name)
+        direct[name] = _construct(types_[name], sub, sub_base)
+    return dataclasses.replace(base, **direct) if base is not None else config_class(**direct)
+
+
+def parse_overrides(config_class: type, items: Sequence[str]) -> list[tuple[tuple[str, ...], Any]]:
+    """Parses ``key=value`` items against a config class's field types (no config is built).
+
+    Raises:
+        ValueError: an item that is not ``key=value``, an unknown key (with the closest names), a key given
+            twice, a value that does not parse as the field's type, or a field that holds a callable.
+    """
+    parsed, seen = [], set()
+    for item in items:
+        path, value = _parse_override(config_class, item)
+        if path in seen:
+            raise ValueError(f"{item}: {'.'.join(path)} is given twice; keep one")
+        seen.add(path)
+        parsed.append((path, value))
+    return parsed
+
+
+def build_config(config_class: type, items: Sequence[str]) -> Any:
+    """A config of ``config_class`` with the ``key=value`` overrides ``items``, built by its constructor.
+
+    Raises:
+        ValueError: as :func:`parse_overrides`, or the config's own validation (the message names the
+            overrides given and the config's reason).
+
+    Examples:
+        >>> from flowrl.algorithms.ppo import PPOConfig
+        >>> config = build_config(PPOConfig, ["lr=3e-4", "model.hidden_sizes=32,32", "grad_clip=none",
+        ...                                   "batch_mode=complete_episodes", "use_gae=false"])
+        >>> config.lr, config.model.hidden_sizes, config.grad_clip, config.batch_mode, config.use_gae
+        (0.0003, (32, 32), None, 'complete_episodes', False)
+        >>> build_config(PPOConfig, ["num_sgd_iter=1.5"])
+        Traceback (most recent call last):
+        ...
+        ValueError: num_sgd_iter=1.5: num_sgd_iter takes an int, not '1.5'; its default is num_sgd_iter=30
+    """
+    overrides = parse_overrides(config_class, items)
+    try:
+        return _construct(config_class, overrides, None)
+    except (ValueError, TypeError) as e:
+        given = " ".join(items) if items else "the defaults"
+        raise ValueError(f"{config_class.__name__} rejects {given}: {e}") from None
+
+
+# -- stop criteria and progress -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """When ``flowrl train`` stops: the first criterion a result meets (all are totals over the run, so a
+    resumed run counts the iterations, steps and time before its checkpoint).
+
+    Attributes:
+        reward: ``episode_reward_mean >= reward``.
+        timesteps: ``timesteps_total >= timesteps``.
+        time_s: ``time_total_s >= time_s`` (training time).
+        iters: ``training_iteration >= iters``.
+
+    Examples:
+        >>> StopCriteria(reward=450, iters=100).reason({"episode_reward_mean": 460.0, "training_iteration": 20})
+        'episode_reward_mean 460.0 >= 450'
+        >>> StopCriteria(reward=450).reason({"episode_reward_mean": float("nan")}) is None
+        True
+    """
+
+    reward: float | None = None
+    timesteps: int | None = None
+    time_s: float | None = None
+    iters: int | None = None
+
+    def reason(self, result: Mapping[str, Any]) -> str | None:
+        """Why ``result`` ends training, or ``None`` to go on."""
+        checks = (("episode_reward_mean", self.reward), ("timesteps_total", self.timesteps),
+                  ("time_total_s", self.time_s), ("training_iteration", self.iters))
+        for key, bound in checks:
+            value = result.get(key)
+            if bound is not None and value is not None and float(value) >= bound:  # NaN never stops
+                shown = f"{value:.1f}" if isinstance(value, float) else str(value)
+                return f"{key} {shown} >= {bound:g}"
+        return None
+
+    @property
+    def empty(self) -> bool:
+        """No criterion given."""
+        return all(c is None for c in (self.reward, self.timesteps, self.time_s, self.iters))
+
+
+def _progress_line(result: Mapping[str, Any], elapsed_s: float) -> str:
+    reward = float(result.get("episode_reward_mean", math.nan))
+    per_s = result.get("timesteps_this_iter", 0) / max(result.get("time_this_iter_s", 0.0), 1e-9)
+    spread = (f" (min {result['episode_reward_min']:.0f}, max {result['episode_reward_max']:.0f})"
+              if not math.isnan(reward) and "episode_reward_min" in result else "")
+    return (f"iter {result['training_iteration']:4d}  env steps {result.get('timesteps_total', 0):9d}  "
+            f"reward {reward:7.1f}{spread}  {per_s:8.0f} env steps/s  elapsed {elapsed_s:7.1f} s")
+
+
+class _Progress:
+    """The live display while training: a rich spinner with the last iteration's numbers, above which each
+    iteration leaves one line, when stdout is a terminal; otherwise one plain line per iteration."""
+
+    def __init__(self, *, live: bool) -> None:
+        self.live, self._start = live, time.monotonic()
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.live:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                      console=Console(), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task("iteration 1: sampling and learning", total=None)
+        return self
+
+    def update(self, result: Mapping[str, Any]) -> None:
+        """Shows one result."""
+        line = _progress_line(result, time.monotonic() - self._start)
+        if self._progress is None:
+            click.echo(line)
+            return
+        self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        reward = float(result.get("episode_reward_mean", math.nan))
+        self._progress.update(self._task, description=f"iteration {result['training_iteration'] + 1} "
+                                                      f"(last reward {reward:.1f}, {result.get('timesteps_total', 0)} "
+                                                      f"env steps)")
+
+    def note(self, text: str) -> None:
+        """A line that is not a result (a checkpoint path), in the live display or plainly."""
+        if self._progress is None:
+            click.echo(text)
+        else:
+            self._progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+# -- paths --------------------------------------------------------------------------------------
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / "manifest.json").is_file()
+
+
+def _find_checkpoint(path: Path, param_hint: str) -> Path:
+    """``path`` if it is a checkpoint, else the latest ``checkpoint_*`` in it or in its ``checkpoints/``."""
+    if _is_checkpoint(path):
+        return path
+    for folder in (path, path / "checkpoints"):
+        found = [p for p in folder.glob("checkpoint_*") if _is_checkpoint(p)] if folder.is_dir() else []
+        if found:
+            return max(found, key=lambda p: (int(m.group()) if (m := re.search(r"\d+$", p.name)) else -1, p.name))
+    raise click.BadParameter(f"{str(path)!r} is not a checkpoint (no manifest.json) and holds no checkpoint_* "
+                             f"directory; pass a path that `flowrl train` printed", param_hint=param_hint)
+
+
+def _env_name(env: Any) -> str:
+    name = env if isinstance(env, str) else getattr(env, "__name__", type(env).__name__)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name))
+
+
+def _local_cpus(config: TrainerConfig) -> int:
+    """Logical CPUs for a local Ray instance: the machine's, or enough to hold the workers (as the main job
+    always did: two 1-CPU workers on a 2-core machine get 3)."""
+    return max(os.cpu_count() or 1, math.ceil(config.num_workers * config.num_cpus_per_worker) + 1)
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+@click.group(name="flowrl", context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """flowrl: distributed RL as a dataflow. `python -m flowrl` alone runs the main job (PPO on CartPole-v1)."""
+
+
+def _algorithm_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value.lower() in ALGORITHMS:
+        return value.lower()
+    close = difflib.get_close_matches(value.lower(), list(ALGORITHMS), n=2, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    raise click.BadParameter(f"unknown algorithm {value!r}; {hint}flowrl has {sorted(ALGORITHMS)} "
+                             f"(`flowrl algorithms` lists them)")
+
+
+def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...], Any]], items: Sequence[str]) -> None:
+    for (path, value), item in zip(overrides, items):
+        saved: Any = config
+        for name in path:
+            saved = getattr(saved, name)
+        if saved != value:
+            key = ".".join(path)
+            raise click.BadParameter(f"{item} differs from the checkpoint's {key}={saved!r}; a resumed run keeps its "
+                                     f"saved config: drop the option, or start a new run to change it",
+                                     param_hint="'--resume'")
+
+
+@main.command()
+@click.argument("algo", callback=_algorithm_arg)
+@click.option("--env", help="gymnasium env id (default: the config's env).")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="Set a config field (repeatable): lr=3e-4, model.hidden_sizes=32,32, grad_clip=none.")
+@click.option("--stop-reward", type=float, help="Stop when episode_reward_mean reaches this.")
+@click.option("--stop-timesteps", type=click.IntRange(min=1), help="Stop at this many env steps in all.")
+@click.option("--stop-time", type=click.FloatRange(min=0, min_open=True),
+              help="Stop after this many seconds of training in all.")
+@click.option("--stop-iters", type=click.IntRange(min=1), help="Stop at this training_iteration.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where checkpoints go (default: RUN_DIR/checkpoints).")
+@click.option("--checkpoint-freq", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Checkpoint every K iterations (0: only at the end); one is always written at the end.")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Continue from a checkpoint (or the latest checkpoint_* in a directory or run dir).")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="The run directory (default: runs/<algo>_<env>_<time>; on resume, the resumed run's).")
+@click.option("--seed", type=click.IntRange(min=0), help="The config's seed (same as --config seed=S).")
+@click.option("--address", help="Join a Ray cluster ('auto' or 'host:port') instead of starting a local instance.")
+def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward: float | None,
+          stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
+          checkpoint_freq: int, resume: Path | None, log_dir: Path | None, seed: int | None,
+          address: str | None) -> None:
+    """Train ALGO (a registered algorithm, see `flowrl algorithms`) until a stop criterion is met.
+
+    Logs go to the run directory (progress.csv, result.json, tb/), checkpoints to RUN_DIR/checkpoints,
+    and the learning curve to RUN_DIR/learning_curve.png. With --resume, the checkpoint's saved config is
+    used; --env, --config and --seed may only repeat its values.
+    """
+    stop = StopCriteria(reward=stop_reward, timesteps=stop_timesteps, time_s=stop_time, iters=stop_iters)
+    if stop.empty:
+        raise click.UsageError("give at least one stop criterion: --stop-reward R, --stop-timesteps N, "
+                               "--stop-time S or --stop-iters N")
+    algorithm = get_algorithm(algo)
+    items = [*config_items, *([f"env={env}"] if env is not None else []),
+             *([f"seed={seed}"] if seed is not None else [])]
+    config, checkpoint = _config_and_checkpoint(algorithm, items, resume)
+    run_dir = _run_dir(log_dir, checkpoint, algorithm, config)
+    _train(algorithm, config, stop, run_dir=run_dir, checkpoint=checkpoint, address=address,
+           checkpoint_dir=checkpoint_dir or run_dir / "checkpoints", checkpoint_freq=checkpoint_freq)
+
+
+def _config_and_checkpoint(algorithm: Algorithm, items: Sequence[str],
+                           resume: Path | None) -> tuple[TrainerConfig, Path | None]:
+    """The config built from the options, or, resuming, the checkpoint's (which the options may only repeat)."""
+    try:
+        overrides = parse_overrides(algorithm.config_class, items)
+        if resume is None:
+            return build_config(algorithm.config_class, items), None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--config'") from None
+    checkpoint = _find_checkpoint(resume, "'--resume'")
+    return _resume_config(checkpoint, algorithm, overrides, items), checkpoint
+
+
+def _resume_config(checkpoint: Path, algorithm: Algorithm, overrides: Sequence[tuple[tuple[str, ...], Any]],
+                   items: Sequence[str]) -> TrainerConfig:
+    from flowrl._checkpoint import checkpoint_algorithm
+    from flowrl.trainer import load_checkpoint_config
+
+    try:
+        owner = checkpoint_algorithm(checkpoint)
+        if owner.lower() != algorithm.name:
+            raise ValueError(f"{checkpoint} is a checkpoint of {owner!r}, not {algorithm.name!r}; run "
+                             f"`flowrl train {owner} --resume {checkpoint} ...`")
+        _, config = load_checkpoint_config(checkpoint)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--resume'") from None
+    _check_resume_agrees(config, overrides, items)
+    return config
+
+
+def _run_dir(log_dir: Path | None, checkpoint: Path | None, algorithm: Algorithm, config: TrainerConfig) -> Path:
+    if log_dir is not None:
+        if checkpoint is None and (log_dir / PROGRESS_CSV).exists():
+            raise click.BadParameter(f"{str(log_dir)!r} already holds a run's {PROGRESS_CSV}; continue it with "
+                                     f"--resume {log_dir} or choose another --log-dir", param_hint="'--log-dir'")
+        return log_dir
+    if checkpoint is not None and (checkpoint.parent.parent / PROGRESS_CSV).exists():
+        return checkpoint.parent.parent  # RUN_DIR/checkpoints/checkpoint_N: append to that run
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{algorithm.name}_{_env_name(config.env)}_{stamp}"
+
+
+def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
+           checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int) -> None:
+    from flowrl import runtime
+    from flowrl.trainer import Trainer
+
+    if address is not None or config.num_workers:
+        try:
+            runtime.init(address, num_cpus=None if address is not None else _local_cpus(config))
+        except ConnectionError as e:
+            raise click.ClickException(f"could not join the Ray cluster at --address {address} ({e}); start it "
+                                       f"with `ray start --head` (and `ray start --address=HEAD:6379` on the "
+                                       f"other nodes), or drop --address for a local instance") from None
+    try:
+        trainer = Trainer.from_checkpoint(checkpoint) if checkpoint is not None else Trainer(algorithm, config)
+    except ValueError as e:  # an unknown env id, GPUs or workers the machine cannot hold
+        raise click.UsageError(str(e)) from None
+    if stop.iters is not None and trainer.training_iteration >= stop.iters:
+        trainer.stop()
+        raise click.BadParameter(f"{checkpoint} is at iteration {trainer.training_iteration}, which already meets "
+                                 f"--stop-iters {stop.iters}; raise it to train on", param_hint="'--stop-iters'")
+    click.echo(f"run dir: {run_dir}" + (f" (resuming {checkpoint} at iteration {trainer.training_iteration})"
+                                        if checkpoint is not None else ""))
+    click.echo(f"progress: {run_dir / PROGRESS_CSV} and {run_dir / 'result.json'}")
+    click.echo(f"tensorboard events: {run_dir / TB_DIR} (view with: tensorboard --logdir {run_dir.parent})")
+    click.echo(f"plan: {trainer.plan!r}")
+    saved, reason, result = checkpoint, None, None
+    try:
+        with (RunLogger(run_dir, keep_through_iteration=trainer.training_iteration if checkpoint else None) as logs,
+              _Progress(live=sys.stdout.isatty()) as progress):
+            while result is None or reason is None:
+                result = trainer.train()
+                logs.log(result)
+                progress.update(result)
+                reason = stop.reason(result)
+                if reason is None and checkpoint_freq and result["training_iteration"] % checkpoint_freq == 0:
+                    saved = trainer.save(checkpoint_dir)
+                    progress.note(f"checkpoint: {saved}")
+        saved = trainer.save(checkpoint_dir)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted; the last checkpoint is {saved}" if saved else "interrupted before any checkpoint")
+        _write_plot(run_dir)
+        sys.exit(130)
+    finally:
+        trainer.stop()
+    click.echo(f"done ({reason}): return {result['episode_reward_mean']:.1f} after {result['timesteps_total']} env "
+               f"steps and {result['time_total_s']:.1f} s of training")
+    click.echo(f"checkpoint: {saved}")
+    _write_plot(run_dir)
+    click.echo(f"evaluate it with: flowrl evaluate {saved} --episodes 10")
+
+
+def _write_plot(run_dir: Path) -> None:
+    try:
+        click.echo(f"learning curve: {plot_progress(run_dir)}")
+    except ValueError as e:
+        click.echo(f"no learning curve: {e}")
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--episodes", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Complete episodes to run.")
+@click.option("--explore/--no-explore", default=False, show_default=True,
+              help="Sample actions (--explore) or act greedily (--no-explore).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seeds the envs.")
+def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int) -> None:
+    """Report the mean (min, max) return of a checkpoint's policy over complete episodes.
+
+    CHECKPOINT is a checkpoint directory, or a directory (a run dir or its checkpoints/) whose latest
+    checkpoint_* is taken. Single-agent algorithms only.
+    """
+    from flowrl.evaluation import evaluate_checkpoint
+
+    path = _find_checkpoint(checkpoint, "'CHECKPOINT'")
+    try:
+        result = evaluate_checkpoint(path, episodes=episodes, explore=explore, seed=seed)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'CHECKPOINT'") from None
+    mode = "exploring" if explore else "greedy"
+    click.echo(f"{path}: {len(result.returns)} episodes ({mode}): mean return {result.mean:.2f} "
+               f"(min {result.min:.2f}, max {result.max:.2f}), mean length {sum(result.lengths) / len(result.lengths):.1f}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help=f"The PNG to write (default: RUN_DIR/{LEARNING_CURVE}).")
+def plot(run_dir: Path, out: Path | None) -> None:
+    """Draw RUN_DIR/progress.csv's learning curve (episode_reward_mean vs timesteps_total) into a PNG."""
+    try:
+        click.echo(plot_progress(run_dir, out))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'RUN_DIR'") from None
+
+
+def _summary(algorithm: Algorithm) -> str:
+    doc = importlib.import_module(ALGORITHMS[algorithm.name]).__doc__ or ""
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    return first.split(" (", 1)[0]
+
+
+@main.command("algorithms")
+@click.argument("name", required=False, callback=lambda ctx, param, v: None if v is None else _algorithm_arg(ctx, param, v))
+def algorithms(name: str | None) -> None:
+    """List the registered algorithms, or NAME's config fields with their defaults."""
+    if name is None:
+        for key in sorted(ALGORITHMS):
+            algorithm = get_algorithm(key)
+            click.echo(f"{key:<11} {algorithm.config_class.__name__:<17} {_summary(algorithm)}")
+        return
+    config_class = get_algorithm(name).config_class
+    defaults = config_class()
+    click.echo(f"{name}: {config_class.__name__} (set with --config KEY=VALUE)")
+    for key in _field_names(config_class):
+        value: Any = defaults
+        for part in key.split("."):
+            value = getattr(value, part)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            continue  # its fields are listed with dotted keys
+        cls, tp = config_class, None
+        for part in key.split("."):
+            tp = config_field_types(cls)[part]
+            cls = tp if _is_dataclass_type(tp) else cls
+        settable = "" if _settable(tp) else "  (a callable or class: not settable from the command line)"
+        click.echo(f"  {key} = {getattr(value, '__qualname__', None) or repr(value)}{settable}")
