@@ -172,20 +172,34 @@ def test_trainer_checkpoints_both_policies_and_the_counters(tmp_path: Any) -> No
 
 # -- learning ---------------------------------------------------------------------------------------
 
-def test_both_policies_learn_multi_agent_cartpole() -> None:
-    """Seeded: each policy's mean agent return passes 150 on MultiAgentCartPole(4) (seed 0: ~34k env steps)."""
+def train_both_until(target: float, max_steps: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """Trains the default composition (seed 0) until each policy's mean agent return reaches ``target`` or
+    ``max_steps`` env steps; the last result and its per-policy returns."""
     config = MultiAgentConfig(seed=0, min_iter_time_s=0, timesteps_per_iteration=2000)
     workers = WorkerSet(policy_class=PPOPolicy, config=config)
     try:
         it = plan(workers, config)
         for result in it:
-            returns = result["policy_reward_mean"]
-            print(f"{result['timesteps_total']:>7} env steps  PPO {returns.get(PPO_POLICY, 0):6.1f}  "
-                  f"DQN {returns.get(DQN_POLICY, 0):6.1f}")
-            if min(returns.get(PPO_POLICY, 0), returns.get(DQN_POLICY, 0)) >= 150 \
-                    or result["timesteps_total"] >= 60_000:
+            returns = {pid: result["policy_reward_mean"].get(pid, 0.0) for pid in (PPO_POLICY, DQN_POLICY)}
+            print(f"{result['timesteps_total']:>7} env steps  PPO {returns[PPO_POLICY]:6.1f}  "
+                  f"DQN {returns[DQN_POLICY]:6.1f}")
+            if min(returns.values()) >= target or result["timesteps_total"] >= max_steps:
                 break
         it.close()
     finally:
         workers.stop()
-    assert returns[PPO_POLICY] >= 150 and returns[DQN_POLICY] >= 150, (result["timesteps_total"], returns)
+    return result, returns
+
+
+def test_both_policies_start_learning_multi_agent_cartpole() -> None:
+    """The default tier's check: both policies well above a random policy's ~22 (seed 0: ~12k env steps, ~20 s)."""
+    result, returns = train_both_until(75, max_steps=30_000)
+    assert min(returns.values()) >= 75, (result["timesteps_total"], returns)
+
+
+@pytest.mark.slow
+def test_both_policies_learn_multi_agent_cartpole() -> None:
+    """Seeded: each policy's mean agent return passes 150 on MultiAgentCartPole(4) within 60k env steps (seeds 0, 1,
+    2 reached it at ~34k, ~24k and ~28k; ~50 s)."""
+    result, returns = train_both_until(150, max_steps=60_000)
+    assert min(returns.values()) >= 150, (result["timesteps_total"], returns)
