@@ -1,4 +1,5 @@
-"""The ``flowrl`` command line (also ``python -m flowrl ...``): train, evaluate, plot, list algorithms.
+"""The ``flowrl`` command line (also ``python -m flowrl ...``): train, evaluate, plot, list algorithms, and
+look inside a plan (its operator graph; a per-operator profile of a short run).
 
 ::
 
@@ -6,6 +7,8 @@
     flowrl evaluate runs/ppo_CartPole-v1_20250101-120000 --episodes 20
     flowrl plot runs/ppo_CartPole-v1_20250101-120000
     flowrl algorithms [ppo]
+    flowrl plan show apex --config num_workers=2 --format mermaid
+    flowrl profile impala --env CartPole-v1 --config num_workers=2 --iters 5
 
 ``--config key=value`` sets a field of the algorithm's frozen config, parsed by the field's type: ints,
 numbers, ``true``/``false``, strings, ``none``/``null`` for an optional field, a Literal's choices,
@@ -39,6 +42,7 @@ import dataclasses
 import difflib
 import importlib
 import json
+import logging
 import math
 import os
 import re
@@ -48,13 +52,16 @@ import types
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 import click
 
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import TrainerConfig, config_field_types
 from flowrl.logger import LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress
+
+if TYPE_CHECKING:
+    from flowrl.trainer import Trainer
 
 __all__ = ["main", "MAIN_JOB", "StopCriteria", "build_config", "parse_overrides"]
 
@@ -544,8 +551,9 @@ def _run_dir(log_dir: Path | None, checkpoint: Path | None, algorithm: Algorithm
     return Path("runs") / f"{algorithm.name}_{_env_name(config.env)}_{stamp}"
 
 
-def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
-           checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int) -> None:
+def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Path | None = None,
+                  address: str | None = None) -> Trainer:
+    """Ray started (or joined) as the options say, then the trainer; its construction errors are usage errors."""
     from flowrl import runtime
     from flowrl.trainer import Trainer
 
@@ -557,9 +565,14 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
                                        f"with `ray start --head` (and `ray start --address=HEAD:6379` on the "
                                        f"other nodes), or drop --address for a local instance") from None
     try:
-        trainer = Trainer.from_checkpoint(checkpoint) if checkpoint is not None else Trainer(algorithm, config)
+        return Trainer.from_checkpoint(checkpoint) if checkpoint is not None else Trainer(algorithm, config)
     except ValueError as e:  # an unknown env id, GPUs or workers the machine cannot hold
         raise click.UsageError(str(e)) from None
+
+
+def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
+           checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int) -> None:
+    trainer = _make_trainer(algorithm, config, checkpoint=checkpoint, address=address)
     if stop.iters is not None and trainer.training_iteration >= stop.iters:
         trainer.stop()
         raise click.BadParameter(f"{checkpoint} is at iteration {trainer.training_iteration}, which already meets "
@@ -669,3 +682,80 @@ def algorithms(name: str | None) -> None:
             cls = tp if _is_dataclass_type(tp) else cls
         settable = "" if _settable(tp) else "  (a callable or class: not settable from the command line)"
         click.echo(f"  {key} = {getattr(value, '__qualname__', None) or repr(value)}{settable}")
+
+
+def _smallest_workers(config: TrainerConfig) -> TrainerConfig:
+    """``config`` with the fewest remote workers it allows while keeping its plan's shape (none stays none;
+    otherwise the fewest, at least one, that its validation accepts), each asking Ray for no CPU or GPU."""
+    small = dataclasses.replace(config, num_cpus_per_worker=0, num_gpus_per_worker=0)
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # a config's advice on worker counts is not for counts the user did not choose
+    try:
+        for n in range(1, config.num_workers):
+            try:
+                return dataclasses.replace(small, num_workers=n)
+            except (ValueError, TypeError):
+                continue  # e.g. IMPALA's tree aggregation needs a worker per aggregator
+    finally:
+        logging.disable(previous)
+    return small
+
+
+@main.group("plan")
+def plan_group() -> None:
+    """Inspect an algorithm's plan without training it."""
+
+
+@plan_group.command("show")
+@click.argument("algo", callback=_algorithm_arg)
+@click.option("--env", help="gymnasium env id (default: the config's env).")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="Set a config field (repeatable), as for `flowrl train`.")
+@click.option("--format", "fmt", type=click.Choice(["text", "dot", "mermaid"]), default="text", show_default=True,
+              help="text: describe()'s tree; dot: Graphviz DOT (`dot -Tsvg`); mermaid: a Mermaid flowchart.")
+def plan_show(algo: str, env: str | None, config_items: tuple[str, ...], fmt: str) -> None:
+    """Build ALGO's plan and print its operator graph; nothing is sampled or trained.
+
+    The plan is built with the fewest remote workers the config allows (none stays none), each asking Ray for
+    no CPU, so the graph is the one `flowrl train` runs with these options, with fewer shards.
+    """
+    from flowrl import plan_graph
+
+    algorithm = get_algorithm(algo)
+    config, _ = _config_and_checkpoint(algorithm, [*config_items, *([f"env={env}"] if env is not None else [])], None)
+    small = _smallest_workers(config)
+    if small.num_workers != config.num_workers:
+        click.echo(f"(built with num_workers={small.num_workers} instead of {config.num_workers}: the same graph "
+                   f"with fewer shards)", err=True)
+    trainer = _make_trainer(algorithm, small)
+    try:
+        render = {"text": plan_graph.to_text, "dot": plan_graph.to_dot, "mermaid": plan_graph.to_mermaid}[fmt]
+        click.echo(render(plan_graph.build(trainer.plan)))
+    finally:
+        trainer.stop()
+
+
+@main.command("profile")
+@click.argument("algo", callback=_algorithm_arg)
+@click.option("--env", help="gymnasium env id (default: the config's env).")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="Set a config field (repeatable), as for `flowrl train`.")
+@click.option("--iters", type=click.IntRange(min=1), default=3, show_default=True, help="Training iterations to run.")
+def profile(algo: str, env: str | None, config_items: tuple[str, ...], iters: int) -> None:
+    """Train ALGO for --iters iterations with profiling on (config profile=true), then print the profile table.
+
+    One row per operator of the plan, as `flowrl plan show` draws it: items in and out, seconds inside the
+    operator and waiting for its upstream, its share of the wall time, and, where known, queue depths, requests
+    in flight per shard and the staleness of the data learners trained on (learner updates behind). Nothing is
+    logged or checkpointed.
+    """
+    algorithm = get_algorithm(algo)
+    config, _ = _config_and_checkpoint(algorithm, [*config_items, *([f"env={env}"] if env is not None else [])], None)
+    trainer = _make_trainer(algorithm, dataclasses.replace(config, profile=True))
+    try:
+        start = time.monotonic()
+        for _ in range(iters):
+            click.echo(_progress_line(trainer.train(), time.monotonic() - start))
+        click.echo(trainer.plan.profile())
+    finally:
+        trainer.stop()

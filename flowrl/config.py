@@ -131,6 +131,10 @@ class RolloutConfig(PolicyConfig):
         policy_mapping_fn: agent id -> policy id, as a dict or a callable (see
             :func:`flowrl.envs.make_policy_mapping`).
         policies_to_train: the policies that learn (``None``: all).
+        profile: profile the run: workers stamp each sampled row with the version of the weights that sampled
+            it (the ``weights_version`` column, so learners measure staleness) and send that version with their
+            weights, and the :class:`~flowrl.trainer.Trainer` profiles its plan per operator
+            (:mod:`flowrl.profiling`) and puts the profile in ``result["profile"]``. Off: none of it runs.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -145,6 +149,7 @@ class RolloutConfig(PolicyConfig):
     policies: Mapping[str, PolicySpec] | None = None
     policy_mapping_fn: Callable[[str], str] | Mapping[str, str] | None = None
     policies_to_train: tuple[str, ...] | None = None
+    profile: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -384,9 +384,10 @@ class _Flow:
         self.metrics = MetricsContext()
         self.callbacks: list[Callable[[], Any]] = []
         self.cells: list[_Cell] = []
+        self.profiler: Any = None  # flowrl.profiling: when set, it wraps each stage as the chain is built
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "callbacks": []}  # close callbacks stay in their process
+        return {**self.__dict__, "callbacks": [], "profiler": None}  # both stay in their process
 
 
 class _Cell:
@@ -460,12 +461,13 @@ class LocalIterator(Generic[T]):
                              stages=self._stages + (stage,), has_duplicate=self._has_duplicate, origin=self._origin)
 
     def _build(self) -> _Puller:
-        ctx = self._cell.flow.metrics
-        puller = self._source(ctx)
+        flow = self._cell.flow
+        wrap = flow.profiler.wrap if flow.profiler is not None else lambda record, puller: puller
+        puller: _Puller = wrap(self._origin, self._source(flow.metrics))
         for stage in self._stages:
             if callable(getattr(stage.fn, "bind", None)):
-                stage.fn.bind(ctx)
-            puller = stage.build(puller, ctx)
+                stage.fn.bind(flow.metrics)
+            puller = wrap(stage, stage.build(puller, flow.metrics))
         return puller
 
     def _pull(self, block: bool) -> Any:
@@ -590,6 +592,28 @@ class LocalIterator(Generic[T]):
         if found:
             raise ValueError(f"the plan has {len(found)} problem{'s' if len(found) > 1 else ''}:\n- "
                              + "\n- ".join(found))
+
+    def profile(self) -> str:
+        """The per-operator profile as a table lined up with :meth:`describe`: items in and out, seconds in each
+        operator and waiting for its upstream, share of wall time, and queue depths, requests in flight and
+        staleness where known (:func:`flowrl.profiling.table`). Turn profiling on before the first pull with
+        :func:`flowrl.profiling.enable` (``TrainerConfig(profile=True)`` does it for a trainer's plan).
+
+        Examples:
+            >>> from flowrl import profiling
+            >>> it = profiling.enable(iter_list([1, 2, 3]).for_each(abs))
+            >>> it.take(3)
+            [1, 2, 3]
+            >>> print(it.profile())  # doctest: +ELLIPSIS
+            profile: ... s of wall time since the first pull (cumulative)
+            | operator | in | out | in op s | waiting s | wall % | notes |
+            |:...|
+            | for_each() | 3 | 3 | ... |
+            | iter_list | - | 3 | ... |
+            | (outside the stages: backoff waits, the consumer) | | | ... |
+        """
+        from flowrl import profiling
+        return profiling.table(self)
 
     # -- transforms ----------------------------------------------------------------------------
     def for_each(self, fn: Callable[[T], U], max_concurrency: int = 1,
@@ -1207,8 +1231,7 @@ class ParallelIterator(Generic[T]):
 
     def gather_sync(self) -> LocalIterator[T]:
         """``batch_across_shards().flatten()``: round after round, in shard order."""
-        return LocalIterator(functools.partial(_BarrierSource, self), f"{self!r}.gather_sync()",
-                             stages=(_Stage("", lambda up, ctx: _Flatten(up)),),
+        return LocalIterator(lambda ctx: _Flatten(_BarrierSource(self, ctx)), f"{self!r}.gather_sync()",
                              origin=_Origin("gather", "gather_sync", (self,)))
 
     def gather_async(self, batch_ms: float = 0, num_async: int = 1) -> LocalIterator[T]:

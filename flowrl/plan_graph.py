@@ -122,7 +122,7 @@ class _Builder:
     def iterator(self, it: LocalIterator[Any]) -> int:
         node = self.once(it._origin, self.origin, it._origin)
         for stage in it._stages:
-            if stage.suffix:  # an empty suffix marks a stage internal to its source (gather_sync's flatten)
+            if stage.suffix:  # an empty suffix marks a stage internal to its source
                 label = stage.suffix[1:]
                 node = self.once(stage, self.add, "transform", label, [node], method=label.split("(")[0], op=stage.fn)
         return node
@@ -169,10 +169,16 @@ def build(it: LocalIterator[Any]) -> PlanGraph:
         >>> graph.nodes[graph.output].label, graph.edges
         ('for_each()', (Edge(src=0, dst=1, index=None, via_queue=False),))
     """
+    return _build(it)[0]
+
+
+def _build(it: LocalIterator[Any]) -> tuple[PlanGraph, dict[int, tuple[object, int]]]:
+    """:func:`build`, plus the node of each recorded object (origins, stages, ...) by ``id()``, each held with
+    its object (:mod:`flowrl.profiling` finds the node of a stage as the plan builds it)."""
     builder = _Builder()
     output = builder.iterator(it)
     builder.link_queues()
-    return PlanGraph(tuple(builder.nodes), tuple(builder.edges), output)
+    return PlanGraph(tuple(builder.nodes), tuple(builder.edges), output), builder.seen
 
 
 def to_text(graph: PlanGraph) -> str:
@@ -186,19 +192,24 @@ def to_text(graph: PlanGraph) -> str:
           [0] iter_list
           [1] iter_list
     """
+    return "\n".join(line for _, line, _ in _text_rows(graph))
+
+
+def _text_rows(graph: PlanGraph) -> list[tuple[int, str, bool]]:
+    """The lines of :func:`to_text`, each as ``(node id, line, whether it refers to a node shown above)``."""
     shared = {n.id for n in graph.nodes if len(graph.consumers(n.id)) > 1}
     tags: dict[int, int] = {}
-    lines: list[str] = []
+    lines: list[tuple[int, str, bool]] = []
 
     def show(node_id: int, indent: int, prefix: str) -> None:
         node, line = graph.nodes[node_id], " " * indent + prefix + graph.nodes[node_id].label
         if node_id in tags:
-            lines.append(f"{line} @{tags[node_id]} (shown above)")
+            lines.append((node_id, f"{line} @{tags[node_id]} (shown above)", True))
             return
         if node_id in shared:
             tags[node_id] = len(tags) + 1
             line += f" @{tags[node_id]}"
-        lines.append(line)
+        lines.append((node_id, line, False))
         inner = indent + len(prefix)
         for edge in graph.inputs(node_id):
             if edge.via_queue:
@@ -209,7 +220,7 @@ def to_text(graph: PlanGraph) -> str:
                 show(edge.src, inner + 2 if node.kind == "named" else inner, "")
 
     show(graph.output, 0, "")
-    return "\n".join(lines)
+    return lines
 
 
 _DOT_SHAPES = {"source": "ellipse", "parallel": "box3d", "gather": "invtrapezium", "union": "hexagon",

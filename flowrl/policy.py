@@ -71,6 +71,12 @@ class Policy:
 
     Subclasses override :meth:`loss` and may override :meth:`postprocess_trajectory`,
     :meth:`update_target` and :meth:`update_kl`.
+
+    Attributes:
+        weights_version: the version of the weights, the number of optimizer steps taken (one per
+            :meth:`learn_on_tensors` or :meth:`apply_gradients`); a rollout worker that is sent weights adopts
+            the sender's version (when its config sets ``profile``), so the staleness of sampled data is a
+            difference of versions.
     """
 
     #: ``True`` when :meth:`postprocess_trajectory` accepts one env's time-ordered rows spanning several
@@ -97,6 +103,7 @@ class Policy:
         self.act_random = np.random.default_rng(None if config.seed is None else [config.seed, 1])  # numpy acting
         self.numpy_acting = NumpyActing.build(self.model, self.dist_class) if config.numpy_acting else None
         self.global_timestep = 0
+        self.weights_version = 0
 
     # -- acting -----------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
@@ -196,6 +203,7 @@ class Policy:
         """One optimizer step on already-converted tensors; returns ``{"learner_stats": ...}``."""
         stats = self._backward(tensors)
         self.optimizer.step()
+        self.weights_version += 1
         return {"learner_stats": stats}
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
@@ -219,6 +227,7 @@ class Policy:
             grad = g.detach().clone() if isinstance(g, torch.Tensor) else torch.tensor(g)  # g may be read-only
             p.grad = grad.to(self.device).reshape(p.shape)
         self.optimizer.step()
+        self.weights_version += 1
 
     # -- weights and state ------------------------------------------------------------------------
     def get_weights(self) -> Weights:

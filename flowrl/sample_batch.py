@@ -23,7 +23,7 @@ __all__ = [
     "SampleBatch", "MultiAgentBatch", "AnyBatch", "DEFAULT_POLICY_ID",
     "OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "LOGP", "ACTION_DIST_INPUTS",
     "VF_PREDS", "ADVANTAGES", "VALUE_TARGETS", "RETURNS", "EPS_ID", "ENV_ID", "AGENT_INDEX", "T",
-    "WEIGHTS", "BATCH_INDEXES", "PRIORITIES", "TD_ERROR",
+    "WEIGHTS", "BATCH_INDEXES", "PRIORITIES", "TD_ERROR", "WEIGHTS_VERSION",
 ]
 
 DEFAULT_POLICY_ID = "default_policy"
@@ -49,6 +49,9 @@ WEIGHTS = "weights"
 BATCH_INDEXES = "batch_indexes"
 PRIORITIES = "priorities"
 TD_ERROR = "td_error"
+# The version of the weights that sampled a row: the sampling policy's count of learner updates (stamped when
+# the config sets ``profile``; flowrl.testing.FakeWorker always stamps it). Learners measure staleness with it.
+WEIGHTS_VERSION = "weights_version"
 
 
 def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:

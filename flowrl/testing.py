@@ -21,8 +21,8 @@ import numpy as np
 from flowrl.config import RolloutConfig
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator, ParallelIteratorWorker
-from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, OBS, REWARDS, TD_ERROR, AnyBatch, MultiAgentBatch,
-                                 SampleBatch)
+from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, OBS, REWARDS, TD_ERROR, WEIGHTS_VERSION, AnyBatch,
+                                 MultiAgentBatch, SampleBatch)
 
 if TYPE_CHECKING:
     from flowrl.workers import WorkerSet
@@ -32,8 +32,8 @@ __all__ = ["iter_list", "plan_lines", "fake_batch", "FakeConfig", "FakePolicy", 
 
 T = TypeVar("T")
 
-# Columns a FakeWorker stamps into every row it samples.
-WEIGHTS_VERSION = "weights_version"  # the version of the sampling worker's weights
+# Columns a FakeWorker stamps into every row it samples, besides WEIGHTS_VERSION (flowrl.sample_batch's: the
+# version of the sampling worker's weights).
 WORKER_INDEX = "worker_index"  # which worker sampled the row (0 = local)
 SAMPLE_INDEX = "sample_index"  # the how-many-th sample() call of that worker produced it
 
@@ -221,6 +221,10 @@ class FakeWorker(ParallelIteratorWorker):
 
     def set_global_vars(self, global_vars: Mapping[str, Any]) -> None:
         self.global_vars.append(dict(global_vars))
+
+    def weights_version(self, policy_id: str = DEFAULT_POLICY_ID) -> int:
+        """The version of a policy's weights: its learner updates, or the version it was last sent."""
+        return self.versions[policy_id]
 
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> FakePolicy:
         if policy_id not in self.policy_map:

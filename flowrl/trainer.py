@@ -34,7 +34,7 @@ from typing import Any
 
 import ray
 
-from flowrl import runtime
+from flowrl import profiling, runtime
 from flowrl._checkpoint import checkpoint_algorithm, read_checkpoint, write_checkpoint
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import TrainerConfig, config_from_data, config_to_data
@@ -154,7 +154,7 @@ class Trainer:
         except ValueError:
             plan.close()  # a rejected plan leaves no learner thread or actor running
             raise
-        return plan
+        return profiling.enable(plan) if self.config.profile else plan
 
     @property
     def plan(self) -> LocalIterator[dict[str, Any]]:
@@ -164,8 +164,9 @@ class Trainer:
     # -- training ---------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         """Exactly one ``next()`` of the plan, plus ``training_iteration``, ``time_this_iter_s``,
-        ``time_total_s`` and ``episodes_total``. A failed remote worker is handled as the config says
-        (SEMANTICS.md §5) and the step retried."""
+        ``time_total_s`` and ``episodes_total``; with the config's ``profile``, also ``profile``, the plan's
+        per-operator profile so far (:func:`flowrl.profiling.profile_data`; a rebuilt plan starts a new one).
+        A failed remote worker is handled as the config says (SEMANTICS.md §5) and the step retried."""
         start = time.monotonic()
         while True:
             try:
@@ -184,6 +185,8 @@ class Trainer:
         self.episodes_total += int(result.get("episodes_this_iter", 0))
         result.update(training_iteration=self.training_iteration, time_this_iter_s=elapsed,
                       time_total_s=self.time_total_s, episodes_total=self.episodes_total)
+        if self.config.profile:
+            result["profile"] = profiling.profile_data(self._plan)
         return result
 
     def _recover(self) -> None:

@@ -31,7 +31,7 @@ from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, Vect
 from flowrl.iter import ParallelIteratorWorker
 from flowrl.policy import Policy
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
-                                 TERMINATEDS, TRUNCATEDS, AnyBatch, MultiAgentBatch, SampleBatch, T)
+                                 TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
 __all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet"]
 
@@ -76,6 +76,7 @@ class RolloutWorker(ParallelIteratorWorker):
         else:
             self.env, self.policy_map = self._make_multi_agent(policy_class, config, policy_config)
         self.policies_to_train = list(config.policies_to_train or self.policy_map)
+        self._versioned = config.profile  # stamp sampled rows with, and send, the weights' versions
         self._obs: Any = self.env.reset()
         self._eps_id = np.arange(n, dtype=np.int64) + worker_index * 10**9  # unique per worker
         self._next_eps = int(self._eps_id[-1]) + 1
@@ -225,9 +226,15 @@ class RolloutWorker(ParallelIteratorWorker):
     def sample(self) -> AnyBatch:
         """One fragment: ``rollout_fragment_length`` steps per env (truncate_episodes), or at least
         that many ending on episode boundaries (complete_episodes), postprocessed per trajectory.
-        A multi-agent worker returns a MultiAgentBatch with one SampleBatch per policy that acted."""
-        if self.config.policies is not None:
-            return self._sample_multi_agent()
+        A multi-agent worker returns a MultiAgentBatch with one SampleBatch per policy that acted.
+        With the config's ``profile`` set, every row carries its policy's ``weights_version``."""
+        batch = self._sample_multi_agent() if self.config.policies is not None else self._sample_single_agent()
+        if self._versioned:
+            for pid, part in batch.as_multi_agent().policy_batches.items():
+                part[WEIGHTS_VERSION] = np.full(part.count, self.policy_map[pid].weights_version, np.int64)
+        return batch
+
+    def _sample_single_agent(self) -> SampleBatch:
         length = self.config.rollout_fragment_length
         if self.config.batch_mode == "truncate_episodes":
             return self._postprocess(self._step_chunk(length))
@@ -284,14 +291,29 @@ class RolloutWorker(ParallelIteratorWorker):
             self.get_policy(pid).apply_gradients(g)
 
     # -- weights and state -----------------------------------------------------------------------
+    def weights_version(self, policy_id: str = DEFAULT_POLICY_ID) -> int:
+        """The version of a policy's weights (:attr:`Policy.weights_version <flowrl.policy.Policy>`)."""
+        return self.get_policy(policy_id).weights_version
+
     def get_weights(self, policies: Sequence[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
-        return {pid: self.get_policy(pid).get_weights() for pid in (policies or list(self.policy_map))}
+        """Each policy's weights by name; with the config's ``profile``, plus their version under
+        ``weights_version``."""
+        weights = {pid: self.get_policy(pid).get_weights() for pid in (policies or list(self.policy_map))}
+        if self._versioned:
+            for pid, w in weights.items():
+                w[WEIGHTS_VERSION] = np.array(self.get_policy(pid).weights_version)
+        return weights
 
     def set_weights(self, weights: Mapping[str, Mapping[str, np.ndarray]],
                     global_vars: Mapping[str, Any] | None = None) -> None:
-        """Loads the weights of the policies present in ``weights`` (others keep theirs)."""
+        """Loads the weights of the policies present in ``weights`` (others keep theirs), adopting the
+        version they carry, if any."""
         for pid, w in weights.items():
-            self.get_policy(pid).set_weights(w)
+            policy = self.get_policy(pid)
+            if WEIGHTS_VERSION in w:
+                w = {name: value for name, value in w.items() if name != WEIGHTS_VERSION}
+                policy.weights_version = int(weights[pid][WEIGHTS_VERSION])
+            policy.set_weights(w)
         if global_vars is not None:
             self.set_global_vars(global_vars)
 

@@ -30,7 +30,8 @@ from flowrl.iter import LocalIterator, RetryLater, _union_quotas
 from flowrl.metrics import (LEARNER_DEQUEUE_TIMER, LEARNER_GRAD_TIMER, LEARNER_INFO, LEARNER_LOAD_TIMER,
                             LEARNER_LOAD_WAIT_TIMER, LEARNER_OVERALL_TIMER, LEARNER_QUEUE_INFO, LEARNER_STATS_KEY,
                             TIMING_BREAKDOWN_INFO, MetricsBinding, Timer)
-from flowrl.ops._common import check_batch, check_int
+from flowrl.ops._common import check_batch, check_int, record_staleness, staleness_info
+from flowrl.profiling import Summary
 from flowrl.sample_batch import BATCH_INDEXES, TD_ERROR, AnyBatch
 
 __all__ = ["Concurrently", "Enqueue", "Dequeue", "MinibatchBuffer", "LearnerThread", "MultiGPULearnerThread",
@@ -383,6 +384,7 @@ class _LearnerBase(threading.Thread):
         self.error: BaseException | None = None
         self.queue_timer, self.grad_timer = Timer(), Timer()
         self.learner_queue_size = _SizeWindow(50)
+        self.staleness = Summary()  # of the rows it trains on, when they carry their weights_version
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -428,8 +430,15 @@ class _LearnerBase(threading.Thread):
                                        for key, timer in self.timers.items()}
         return result
 
+    def profile_info(self) -> dict[str, Any]:
+        """What :mod:`flowrl.profiling` adds to the thread's node: the staleness of what it trained on, and the
+        learn steps taken."""
+        return {"learn_steps": self.num_steps, **staleness_info(self.staleness)}
+
     def _learn(self, batch: AnyBatch) -> dict[str, Any]:
-        """``learn_on_batch`` under the grad timer and the weights lock; sets ``weights_updated``."""
+        """``learn_on_batch`` under the grad timer and the weights lock; sets ``weights_updated``. Records the
+        batch's staleness first (this thread is the only one that changes the learner's weights)."""
+        record_staleness(self.staleness, self.local_worker, batch)
         with self.grad_timer, self.weights_lock:
             info = dict(self.local_worker.learn_on_batch(batch))
             self.weights_updated = True
@@ -449,7 +458,8 @@ class LearnerThread(_LearnerBase):
     ``error`` and ends the thread, so ``is_alive()`` turns false.
 
     Use ``Enqueue(learner.inqueue)`` and ``Dequeue(learner.outqueue, check=learner.is_alive)``; call
-    ``start()`` once and ``stop()`` at shutdown. Metrics: ``add_learner_metrics(result)``.
+    ``start()`` once and ``stop()`` at shutdown. Metrics: ``add_learner_metrics(result)``. Profile:
+    ``profile_info()`` (learn steps; staleness of stamped rows), as every learner thread.
 
     Examples:
         >>> from flowrl.testing import FakeConfig, FakeWorker, fake_batch

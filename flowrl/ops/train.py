@@ -32,8 +32,9 @@ from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, APPLY_GRADS_TIMER, COMP
                             STEPS_SAMPLED_COUNTER,
                             STEPS_TRAINED_COUNTER, STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER,
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
-from flowrl.ops._common import check_batch, check_int
+from flowrl.ops._common import check_batch, check_int, record_staleness, staleness_info
 from flowrl.policy import Policy
+from flowrl.profiling import Summary
 from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.workers import WorkerSet
 
@@ -145,7 +146,8 @@ class LearnOnBatch(MetricsBinding):
     generator of this operator seeded with the worker config's ``seed``.
 
     Metrics: times ``learn`` (units = count); ``info["learner"]``; ``num_steps_trained``,
-    ``num_agent_steps_trained`` and ``num_steps_trained_this_iter`` += the batch's steps.
+    ``num_agent_steps_trained`` and ``num_steps_trained_this_iter`` += the batch's steps. Profile
+    (``profile_info()``): the staleness of the rows it trains on, when they carry their ``weights_version``.
 
     Examples:
         >>> from flowrl.testing import fake_batch, make_fake_workers
@@ -169,6 +171,7 @@ class LearnOnBatch(MetricsBinding):
         self.num_sgd_iter, self.sgd_minibatch_size = num_sgd_iter, sgd_minibatch_size
         self.minibatch_sgd = num_sgd_iter > 1 or sgd_minibatch_size > 0
         self._rng = np.random.default_rng(getattr(workers.local_worker().config, "seed", None))
+        self.staleness = Summary()
 
     def _policy_rng(self, pid: str) -> np.random.Generator:
         rng = getattr(self.workers.local_worker().get_policy(pid), "np_random", None)
@@ -204,11 +207,16 @@ class LearnOnBatch(MetricsBinding):
 
     def __call__(self, batch: AnyBatch) -> tuple[AnyBatch, LearnerInfo]:
         check_batch(batch, self)
+        record_staleness(self.staleness, self.workers.local_worker(), batch, self.policies)
         with self.metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
             info = self._learn_minibatches(batch) if self.minibatch_sgd else self._learn_once(batch)
             timer.push_units_processed(batch.count)
         _record_trained(self.metrics, batch, info)
         return batch, info
+
+    def profile_info(self) -> dict[str, Any]:
+        """What :mod:`flowrl.profiling` adds to this operator's node: the staleness of what it trained on."""
+        return staleness_info(self.staleness)
 
     def __repr__(self) -> str:
         return "LearnOnBatch"
@@ -284,6 +292,10 @@ class TrainOneStep(MetricsBinding):
         if self.broadcast is not None:
             self.broadcast(out)
         return out
+
+    def profile_info(self) -> dict[str, Any]:
+        """The profile of its learn step (:meth:`LearnOnBatch.profile_info`)."""
+        return self.learn.profile_info()
 
     def __repr__(self) -> str:
         return "TrainOneStep"
@@ -413,6 +425,7 @@ class MultiGPUTrainOneStep(MetricsBinding):
         self.per_device_minibatch = sgd_minibatch_size // self.num_devices
         self.shuffle_sequences = shuffle_sequences
         self.broadcast = BroadcastWeights(workers, self.policies) if broadcast else None
+        self.staleness = Summary()
 
     def bind(self, metrics: MetricsContext) -> None:
         super().bind(metrics)
@@ -439,6 +452,7 @@ class MultiGPUTrainOneStep(MetricsBinding):
     def __call__(self, batch: AnyBatch) -> tuple[AnyBatch, LearnerInfo]:
         check_batch(batch, self)
         local = self.workers.local_worker()
+        record_staleness(self.staleness, local, batch, self.policies)
         parts = {pid: b for pid, b in batch.as_multi_agent().policy_batches.items() if pid in self.policies}
         loaded: dict[str, tuple[list[SampleBatch], dict[str, torch.Tensor] | None]] = {}
         with self.metrics.timers[LOAD_BATCH_TIMER] as timer:
@@ -465,6 +479,10 @@ class MultiGPUTrainOneStep(MetricsBinding):
         if self.broadcast is not None:
             self.broadcast(out)
         return out
+
+    def profile_info(self) -> dict[str, Any]:
+        """What :mod:`flowrl.profiling` adds to this operator's node: the staleness of what it trained on."""
+        return staleness_info(self.staleness)
 
     def __repr__(self) -> str:
         return f"MultiGPUTrainOneStep({self.num_devices} {'fake ' if self.fake_gpus else ''}{self.device_type})"
