@@ -1,0 +1,370 @@
+"""The benchmark suite: ``python -m benchmarks all [--quick]``, or ``python -m benchmarks NAME [NAME ...]``.
+
+Every run is a subprocess of its script (a fresh process and Ray instance each time), whose JSON the suite reads:
+
+- ``iter_overhead``: flowrl's gathers against hand-written Ray loops (``benchmarks/iter_overhead.py``, which itself
+  alternates the two sides over >= 3 rounds); gives ``overhead_ratio``.
+- ``sampling``: one RolloutWorker against its raw envs (``benchmarks/sampling.py``, alternating, >= 3 rounds).
+- ``async_throughput``: IMPALA, APPO and Ape-X env steps/s (``benchmarks/async_throughput.py``, median of 3 runs).
+- ``ppo``: PPO on CartPole-v1 with flowrl's main job's hyperparameters, in rounds whose order rotates (drift
+  hits every system alike): flowrl (``ppo_cartpole.py``), the minimal single-file PPO (``minimal_ppo.py``) and,
+  when the peers' virtualenv exists, Stable-Baselines3 and RLlib (``peers/sb3_ppo.py``, ``peers/rllib_ppo.py``).
+  Gives ``ppo_vs_sb3`` and ``ppo_vs_rllib`` (flowrl / peer, medians of env steps/s) and
+  ``ppo_time_to_450_vs_minimal`` (flowrl / minimal, medians of training seconds to a smoothed return of 450;
+  a run that never gets there counts as infinitely slow).
+- ``dqn``: Stable-Baselines3 and RLlib DQN with flowrl's DQN defaults (peers only; no ratio yet).
+- ``ppo_cartpole``, ``minimal_ppo``, ``sb3_ppo``, ``rllib_ppo``, ``sb3_dqn``, ``rllib_dqn``: one system's runs.
+
+Round ``i`` runs every system with seed ``i``; ``--repeats`` rounds (3). ``--quick`` keeps the rounds but shrinks
+the budgets (flowrl and the minimal PPO still run to 450, at most 150k steps; the peers run a fixed few thousand
+steps, so their time to 450 is not measured) and finishes in under 15 minutes on 2 cores; the full suite runs
+every PPO to 450 (at most 300k steps, the main job's cap) and takes about an hour.
+
+Peers are skipped, with a note, when ``benchmarks/peers/.venv`` does not exist (``bash benchmarks/peers/setup.sh``).
+Each benchmark prints a markdown table; everything goes to ``benchmarks/results/suite[_quick].json`` (each run's
+JSON and log under ``benchmarks/results/suite[_quick]/``). The last line is::
+
+    overhead_ratio=... ppo_vs_sb3=... ppo_vs_rllib=... ppo_time_to_450_vs_minimal=...
+
+with ``nan`` for what was not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+PEERS_PYTHON = HERE / "peers" / ".venv" / "bin" / "python"
+SUMMARY_KEYS = ("overhead_ratio", "ppo_vs_sb3", "ppo_vs_rllib", "ppo_time_to_450_vs_minimal")
+THRESHOLDS = (150, 450)
+
+
+@dataclass(frozen=True)
+class System:
+    """One trainer run as a subprocess: which script, in which environment, with which budget."""
+
+    name: str
+    label: str
+    script: str  # relative to benchmarks/
+    peer: bool  # runs with the peers' virtualenv
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+
+    def budget(self, quick: bool) -> str:
+        args = self.quick if quick else self.full
+        steps = args[args.index("--max-steps") + 1]
+        return f"to 450, <= {int(steps) // 1000}k steps" if "--stop-return" in args else f"{int(steps) // 1000}k steps"
+
+
+_TO_450 = ("--stop-return", "450")
+SYSTEMS = {s.name: s for s in (
+    System("ppo_cartpole", "flowrl PPO (2 workers x 4 envs)", "ppo_cartpole.py", False,
+           ("--max-steps", "300000", *_TO_450), ("--max-steps", "150000", *_TO_450)),
+    System("minimal_ppo", "minimal single-file PPO (1 process, 8 envs)", "minimal_ppo.py", False,
+           ("--max-steps", "300000", *_TO_450, "--quiet"), ("--max-steps", "150000", *_TO_450, "--quiet")),
+    System("sb3_ppo", "Stable-Baselines3 PPO (8 envs, DummyVecEnv)", "peers/sb3_ppo.py", True,
+           ("--max-steps", "300000", *_TO_450), ("--max-steps", "20000")),
+    System("rllib_ppo", "RLlib PPO (2 env runners x 4 envs)", "peers/rllib_ppo.py", True,
+           ("--max-steps", "300000", *_TO_450), ("--max-steps", "12000")),
+    System("sb3_dqn", "Stable-Baselines3 DQN (1 env)", "peers/sb3_dqn.py", True,
+           ("--max-steps", "50000", *_TO_450), ("--max-steps", "5000")),
+    System("rllib_dqn", "RLlib DQN (local env runner, 1 env)", "peers/rllib_dqn.py", True,
+           ("--max-steps", "50000", *_TO_450), ("--max-steps", "3000")),
+)}
+#: benchmarks made of trainer runs in rotating rounds; a system's own name runs it alone
+TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
+    "ppo": ("ppo_cartpole", "minimal_ppo", "sb3_ppo", "rllib_ppo"), "dqn": ("sb3_dqn", "rllib_dqn"),
+    **{name: (name,) for name in SYSTEMS}}
+SCRIPTS = ("iter_overhead", "sampling", "async_throughput")
+ALL = (*SCRIPTS, "ppo", "dqn")
+NAMES = (*SCRIPTS, *TRAINER_GROUPS)
+
+
+# -- command line and summary --------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The suite's command line; ``args.benchmarks`` is the names to run, ``all`` expanded, in order, once each.
+
+    Examples:
+        >>> parse_args(["all", "--quick"]).benchmarks
+        ['iter_overhead', 'sampling', 'async_throughput', 'ppo', 'dqn']
+        >>> parse_args(["minimal_ppo", "ppo", "minimal_ppo"]).benchmarks
+        ['minimal_ppo', 'ppo']
+    """
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="+", choices=("all", *NAMES), metavar="NAME",
+                        help=f"all, or any of: {', '.join(NAMES)}")
+    parser.add_argument("--quick", action="store_true", help="smaller budgets, same number of rounds (< 15 min)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of trainer runs (medians over them); >= 1")
+    parser.add_argument("--peers-python", type=Path, default=PEERS_PYTHON,
+                        help="the peers' virtualenv interpreter (default benchmarks/peers/.venv/bin/python)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="suite JSON (default benchmarks/results/suite[_quick].json)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats={args.repeats} must be >= 1 (3 or more for a median worth reading)")
+    names = [n for name in args.names for n in (ALL if name == "all" else (name,))]
+    args.benchmarks = list(dict.fromkeys(names))
+    return args
+
+
+def format_summary(values: Mapping[str, float | None]) -> str:
+    """The suite's last line: each ratio of ``SUMMARY_KEYS`` to 3 decimals, ``nan`` where not measured.
+
+    Examples:
+        >>> format_summary({"overhead_ratio": 0.9876, "ppo_vs_sb3": None, "ppo_time_to_450_vs_minimal": math.inf})
+        'overhead_ratio=0.988 ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan'
+    """
+    def fmt(value: float | None) -> str:
+        return "nan" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+    return " ".join(f"{key}={fmt(values.get(key))}" for key in SUMMARY_KEYS)
+
+
+def rotate(items: Sequence[Any], k: int) -> list[Any]:
+    """``items`` starting from index ``k`` (mod its length): round ``k``'s order, so each system takes each place.
+
+    Examples:
+        >>> rotate(["flowrl", "minimal", "sb3"], 1), rotate([], 2)
+        (['minimal', 'sb3', 'flowrl'], [])
+    """
+    k = k % len(items) if items else 0
+    return [*items[k:], *items[:k]]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def median_seconds_to(runs: Sequence[Mapping[str, Any]], threshold: int) -> float | None:
+    """Median training seconds to ``threshold`` over the runs without an error; a run that never reached it counts
+    as infinitely slow. ``None`` when there is no such run or the median did not reach it.
+
+    Examples:
+        >>> median_seconds_to([{"seconds_to_450": 30.0}, {"seconds_to_450": None}, {"seconds_to_450": 40.0}], 450)
+        40.0
+        >>> median_seconds_to([{"seconds_to_450": 30.0}, {"seconds_to_450": None}, {"error": "rc 1"}], 450) is None
+        True
+    """
+    values = [math.inf if r.get(f"seconds_to_{threshold}") is None else float(r[f"seconds_to_{threshold}"])
+              for r in runs if "error" not in r]
+    med = _median(values)
+    return None if med is None or math.isinf(med) else med
+
+
+def median_steps_per_s(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median env steps/s over the runs without an error (``None`` if none)."""
+    return _median([float(r["env_steps_per_s"]) for r in runs if "error" not in r and r.get("env_steps_per_s")])
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]],
+                   overhead_ratio: float | None) -> dict[str, float | None]:
+    """The summary's ratios from the trainer runs by system name (normalized records) and iter_overhead's ratio.
+
+    Examples:
+        >>> runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": 30.0}] * 3,
+        ...         "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3,
+        ...         "sb3_ppo": [{"env_steps_per_s": 2000.0, "seconds_to_450": None}] * 3}
+        >>> format_summary(summary_values(runs, overhead_ratio=0.97))
+        'overhead_ratio=0.970 ppo_vs_sb3=1.500 ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=0.750'
+    """
+    flowrl = runs.get("ppo_cartpole", [])
+    return {"overhead_ratio": overhead_ratio,
+            "ppo_vs_sb3": _ratio(median_steps_per_s(flowrl), median_steps_per_s(runs.get("sb3_ppo", []))),
+            "ppo_vs_rllib": _ratio(median_steps_per_s(flowrl), median_steps_per_s(runs.get("rllib_ppo", []))),
+            "ppo_time_to_450_vs_minimal": _ratio(median_seconds_to(flowrl, 450),
+                                                 median_seconds_to(runs.get("minimal_ppo", []), 450))}
+
+
+def normalize(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields the suite reads from a trainer script's JSON (flowrl's scripts and the peers name a few apart)."""
+    return {"env_steps_per_s": raw.get("env_steps_per_s", raw.get("env_steps_per_s_sampled")),
+            "env_steps": raw.get("env_steps", raw.get("env_steps_sampled")),
+            **{f"{kind}_to_{t}": raw.get(f"{kind}_to_{t}") for t in THRESHOLDS for kind in ("seconds", "steps")},
+            "train_s": raw.get("train_s"), "startup_s": raw.get("startup_s"), "final_return": raw.get("final_return"),
+            "version": raw.get("version")}
+
+
+# -- running --------------------------------------------------------------------------------------------
+class Suite:
+    """Runs subprocesses, keeps their logs and JSON under ``runs_dir`` and collects what they report."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.quick = args, args.quick
+        self.runs_dir = RESULTS / ("suite_quick" if args.quick else "suite")
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.timeout_s = 600 if args.quick else 1800
+        self.peers = args.peers_python.exists()
+        self.trainer_runs: dict[str, list[dict[str, Any]]] = {}
+        self.reports: dict[str, Any] = {}
+
+    def run(self, tag: str, cmd: list[str], out: Path | None) -> dict[str, Any]:
+        """Runs ``cmd`` (log to ``runs_dir/tag.log``); returns the JSON at ``out``, or ``{"error": ...}``."""
+        log = self.runs_dir / f"{tag}.log"
+        if out is not None:
+            out.unlink(missing_ok=True)
+        start = time.perf_counter()
+        with log.open("w") as f:
+            rc: int | str
+            try:
+                rc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    timeout=self.timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                rc = f"timed out after {self.timeout_s} s"
+        wall = time.perf_counter() - start
+        if rc != 0 or (out is not None and not out.exists()):
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            print(f"  {tag}: FAILED ({'rc ' + str(rc) if rc != 0 else 'no JSON'}; log {log})\n    "
+                  + "\n    ".join(tail), flush=True)
+            return {"error": f"rc {rc}" if rc != 0 else "no JSON written", "log": str(log), "wall_s": round(wall, 1)}
+        data: dict[str, Any] = json.loads(out.read_text()) if out is not None else {}
+        data["wall_s"] = round(wall, 1)
+        return data
+
+    # -- the scripts that alternate inside themselves --------------------------------------------------
+    def script(self, name: str) -> None:
+        out = {"iter_overhead": RESULTS / "iter_overhead.json"}.get(name, self.runs_dir / f"{name}.json")
+        extra = {"iter_overhead": ["--quick"] if self.quick else [],
+                 "sampling": ["--quick"] if self.quick else [],
+                 "async_throughput": ["--workers", "2", "--runs", "3", "--seconds", "5"] if self.quick else []}[name]
+        if name != "iter_overhead":
+            extra += ["--out", str(out)]
+        print(f"\n## {name}\n", flush=True)
+        data = self.run(name, [sys.executable, str(HERE / f"{name}.py"), *extra], out)
+        self.reports[name] = data
+        if "error" in data:
+            return
+        TABLES[name](data)
+
+    # -- trainer runs in rotating rounds --------------------------------------------------------------
+    def trainers(self, group: str) -> None:
+        systems = [SYSTEMS[n] for n in TRAINER_GROUPS[group]]
+        print(f"\n## {group}\n", flush=True)
+        if not self.peers and any(s.peer for s in systems):
+            print(f"note: skipping the peers ({', '.join(s.name for s in systems if s.peer)}): "
+                  f"{self.args.peers_python} does not exist; create it with `bash benchmarks/peers/setup.sh`",
+                  flush=True)
+            systems = [s for s in systems if not s.peer]
+        for rnd in range(self.args.repeats):
+            for system in rotate(systems, rnd):
+                python = str(self.args.peers_python) if system.peer else sys.executable
+                tag = f"{system.name}_seed{rnd}"
+                out = self.runs_dir / f"{tag}.json"
+                cmd = [python, str(HERE / system.script), "--seed", str(rnd), "--out", str(out),
+                       *(system.quick if self.quick else system.full)]
+                raw = self.run(tag, cmd, out)
+                record = {"seed": rnd, **({"error": raw["error"]} if "error" in raw else normalize(raw)),
+                          "wall_s": raw["wall_s"]}
+                self.trainer_runs.setdefault(system.name, []).append(record)
+                if "error" not in record:
+                    to = "; ".join(f"{t}: {_num(record[f'seconds_to_{t}'])} s" for t in THRESHOLDS)
+                    print(f"  round {rnd + 1}/{self.args.repeats} {system.name}: "
+                          f"{_num(record['env_steps_per_s'])} env steps/s; {to} ({record['wall_s']} s wall)",
+                          flush=True)
+        if systems:
+            trainer_table([s for s in systems if s.name in self.trainer_runs], self.trainer_runs, self.quick)
+
+
+def _num(value: Any, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:,.{digits}f}" if isinstance(value, (int, float)) else str(value)
+
+
+def trainer_table(systems: Sequence[System], runs: Mapping[str, Sequence[Mapping[str, Any]]], quick: bool) -> None:
+    flowrl_rate = median_steps_per_s(runs.get("ppo_cartpole", []))
+    print(f"\n| system | budget | runs ok | env steps/s (median) | flowrl PPO / this | s to 150 | s to 450 "
+          f"| steps to 450 | start-up s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for s in systems:
+        rs = runs[s.name]
+        ok = [r for r in rs if "error" not in r]
+        rate = median_steps_per_s(rs)
+        steps_450 = _median([float(r["steps_to_450"]) for r in ok if r.get("steps_to_450") is not None])
+        ratio = _ratio(flowrl_rate, rate) if s.name.endswith("_ppo") else None
+        print(f"| {s.label} | {s.budget(quick)} | {len(ok)}/{len(rs)} | {_num(rate)} | {_num(ratio, 2)} "
+              f"| {_num(median_seconds_to(rs, 150), 1)} | {_num(median_seconds_to(rs, 450), 1)} | {_num(steps_450)} "
+              f"| {_num(_median([float(r['startup_s']) for r in ok if r.get('startup_s') is not None]), 1)} |")
+
+
+def _iter_overhead_table(data: Mapping[str, Any]) -> None:
+    print("| mode | flowrl items/s | hand-written items/s | flowrl / hand-written |\n|---|---:|---:|---:|")
+    for mode, r in data["results"].items():
+        print(f"| {mode} | {_num(r['flowrl_items_per_s'])} | {_num(r['hand_items_per_s'])} | {r['ratio']:.3f} |")
+    print(f"\noverhead_ratio (the worse of the two) = {data['overhead_ratio']:.3f}")
+
+
+def _sampling_table(data: Mapping[str, Any]) -> None:
+    print("| envs per worker | worker env steps/s | raw env steps/s | worker / raw |\n|---:|---:|---:|---:|")
+    for r in data["results"]:
+        print(f"| {r['num_envs']} | {_num(r['worker_steps_per_s'])} | {_num(r['raw_steps_per_s'])} "
+              f"| {r['efficiency']:.3f} |")
+
+
+def _async_table(data: Mapping[str, Any]) -> None:
+    print("| algorithm | workers | env steps/s sampled | env steps/s trained | learner utilisation |\n"
+          "|---|---:|---:|---:|---:|")
+    for r in data["results"]:
+        if "error" in r:
+            print(f"| {r['algorithm']} | {r['workers']} | failed: {r['error'][:60]} | | |")
+        else:
+            m = r["median"]
+            print(f"| {r['algorithm']} | {r['workers']} | {_num(m['env_steps_per_s_sampled'])} "
+                  f"| {_num(m['env_steps_per_s_trained'])} | {100 * m['learner_utilisation']:.0f}% |")
+
+
+TABLES: dict[str, Callable[[Mapping[str, Any]], None]] = {
+    "iter_overhead": _iter_overhead_table, "sampling": _sampling_table, "async_throughput": _async_table}
+
+
+def _machine() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "load_avg": os.getloadavg(), "git_commit": commit}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    suite = Suite(args)
+    start, machine = time.perf_counter(), _machine()
+    print(f"benchmarks: {', '.join(args.benchmarks)}{' (quick)' if args.quick else ''}; {args.repeats} rounds of "
+          f"trainer runs; peers {'from ' + str(args.peers_python) if suite.peers else 'not installed'}", flush=True)
+    for name in args.benchmarks:
+        if name in SCRIPTS:
+            suite.script(name)
+        else:
+            suite.trainers(name)
+    overhead = suite.reports.get("iter_overhead", {}).get("overhead_ratio")
+    values = summary_values(suite.trainer_runs, overhead)
+    line = format_summary(values)
+    out = args.out or RESULTS / f"suite{'_quick' if args.quick else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmarks": args.benchmarks, "quick": args.quick, "repeats": args.repeats,
+                               "summary": values, "summary_line": line, "scripts": suite.reports,
+                               "trainer_runs": suite.trainer_runs, "wall_s": round(time.perf_counter() - start, 1),
+                               "machine": {**machine, "load_avg_end": os.getloadavg()}}, indent=2) + "\n")
+    print(f"\nwrote {out} ({time.perf_counter() - start:.0f} s in all)")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

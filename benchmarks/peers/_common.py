@@ -1,0 +1,94 @@
+"""What the peer scripts share: their command line, the time-to-threshold clock and the JSON line they print.
+
+Only the standard library here: the suite and pytest's doctest collection import nothing from the peer
+virtualenv. Each peer script imports its framework inside ``main()``.
+
+Examples:
+    >>> progress = Progress(stop_return=450.0, max_steps=10_000, clock=iter([0.0, 2.0, 5.0]).__next__)
+    >>> progress.update(steps=4000, mean_return=160.0), progress.update(steps=8000, mean_return=455.0)
+    (False, True)
+    >>> progress.reached
+    {150.0: (2.0, 4000), 450.0: (5.0, 8000)}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+THRESHOLDS = (150.0, 450.0)
+
+
+def loopback_ray() -> None:
+    """Before ``import ray``: keep a local Ray instance on 127.0.0.1, as flowrl's runtime does, and quiet."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def parse_args(doc: str, *, max_steps: int, quick_steps: int,
+               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The peers' common command line (plus a script's own options); ``--quick`` caps the run at ``quick_steps``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if add_arguments is not None:
+        add_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=max_steps, help="stop after this many env steps")
+    parser.add_argument("--stop-return", type=float, default=THRESHOLDS[-1], help="stop at this smoothed return")
+    parser.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the learner")
+    parser.add_argument("--quick", action="store_true", help=f"stop after {quick_steps:,} env steps")
+    parser.add_argument("--out", default=None, help="also write the JSON result to this path")
+    args = parser.parse_args()
+    if args.quick:
+        args.max_steps = min(args.max_steps, quick_steps)
+    return args
+
+
+class Progress:
+    """Training wall seconds and env steps at which the smoothed return first reaches each threshold.
+
+    The clock starts at construction; call :meth:`update` once per report (iteration) of the peer.
+    """
+
+    def __init__(self, *, stop_return: float, max_steps: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.stop_return, self.max_steps, self.clock = stop_return, max_steps, clock
+        self.start = clock()
+        self.reached: dict[float, tuple[float, int] | None] = {t: None for t in THRESHOLDS}
+        self.mean_return, self.steps, self.reports = math.nan, 0, 0
+
+    def update(self, *, steps: int, mean_return: float, log: bool = False) -> bool:
+        """Records one report; returns whether training should stop (return or step budget reached)."""
+        elapsed = self.clock() - self.start
+        self.steps, self.mean_return, self.reports = steps, mean_return, self.reports + 1
+        for t in THRESHOLDS:
+            if self.reached[t] is None and mean_return >= t:
+                self.reached[t] = (round(elapsed, 2), steps)
+        if log:
+            print(f"report {self.reports:4d}  {steps:>7} steps  return {mean_return:6.1f}  {elapsed:6.1f} s",
+                  file=sys.stderr, flush=True)
+        return mean_return >= self.stop_return or steps >= self.max_steps
+
+
+def emit(*, benchmark: str, peer: str, version: str, config: dict[str, Any], progress: Progress, steps: int,
+         train_s: float, startup_s: float, out: str | None, versions: dict[str, str]) -> None:
+    """Prints the result as one JSON line (the script's last line) and writes it to ``out`` if given."""
+    result = {"benchmark": benchmark, "peer": peer, "version": version,
+              "env_steps_per_s": round(steps / train_s, 1) if train_s > 0 else None,
+              **{f"seconds_to_{int(t)}": None if hit is None else hit[0] for t, hit in progress.reached.items()},
+              **{f"steps_to_{int(t)}": None if hit is None else hit[1] for t, hit in progress.reached.items()},
+              "env_steps": steps, "train_s": round(train_s, 2), "startup_s": round(startup_s, 2),
+              "final_return": None if math.isnan(progress.mean_return) else round(progress.mean_return, 1),
+              "config": config, "versions": versions,
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}}
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result), flush=True)

@@ -1,0 +1,171 @@
+"""The benchmark suite's command line and summary line, and the minimal PPO computing what flowrl's PPO computes.
+
+No timing here (PERFORMANCE.md: benchmarks live in ``benchmarks/``, never as timed assertions in tests).
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import benchmarks.__main__ as suite
+from benchmarks import minimal_ppo
+from flowrl.algorithms.ppo import PPOConfig, PPOPolicy, adapt_kl_coeff
+from flowrl.postprocessing import add_advantages, compute_gae
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS,
+                                 TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
+
+
+# -- the suite --------------------------------------------------------------------------------------------
+def test_suite_doctests_pass() -> None:
+    # pytest's --doctest-modules skips __main__.py files, so its examples run here
+    result = doctest.testmod(suite, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_all_expands_in_order_and_names_run_once() -> None:
+    args = suite.parse_args(["ppo", "all", "--quick"])
+    assert args.benchmarks == ["ppo", "iter_overhead", "sampling", "async_throughput", "dqn"]
+    assert args.quick and args.repeats == 3
+    assert suite.parse_args(["rllib_ppo", "--repeats", "5"]).benchmarks == ["rllib_ppo"]
+
+
+@pytest.mark.parametrize("argv", [["bogus"], [], ["ppo", "--repeats", "0"]])
+def test_bad_command_lines_exit_with_usage(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        suite.parse_args(argv)
+    assert info.value.code == 2
+
+
+def test_every_system_has_a_step_budget_and_a_known_script() -> None:
+    for system in suite.SYSTEMS.values():
+        for args in (system.full, system.quick):
+            assert "--max-steps" in args
+        assert (suite.HERE / system.script).is_file()
+    assert suite.SYSTEMS["sb3_ppo"].budget(quick=True) == "20k steps"
+    assert suite.SYSTEMS["ppo_cartpole"].budget(quick=False) == "to 450, <= 300k steps"
+
+
+def test_summary_line_from_given_numbers() -> None:
+    runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": 30.0},
+                             {"env_steps_per_s": 2800.0, "seconds_to_450": 36.0},
+                             {"error": "rc 1"}],  # a failed run is left out of the medians
+            "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0},
+                            {"env_steps_per_s": 2400.0, "seconds_to_450": None},  # never got there: counts as inf
+                            {"env_steps_per_s": 2600.0, "seconds_to_450": 44.0}],
+            "sb3_ppo": [{"env_steps_per_s": 1450.0, "seconds_to_450": None}] * 3,
+            "rllib_ppo": [{"env_steps_per_s": 480.0, "seconds_to_450": None}] * 3}
+    values = suite.summary_values(runs, overhead_ratio=1.02)
+    assert values["ppo_vs_sb3"] == pytest.approx(2900 / 1450)
+    assert values["ppo_time_to_450_vs_minimal"] == pytest.approx(33 / 44)
+    assert suite.format_summary(values) == \
+        "overhead_ratio=1.020 ppo_vs_sb3=2.000 ppo_vs_rllib=6.042 ppo_time_to_450_vs_minimal=0.750"
+
+
+def test_summary_line_writes_nan_for_what_was_not_measured() -> None:
+    runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": None}] * 3,
+            "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3}
+    line = suite.format_summary(suite.summary_values(runs, overhead_ratio=None))
+    assert line == "overhead_ratio=nan ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan"
+    assert suite.format_summary({k: math.nan for k in suite.SUMMARY_KEYS}) == line
+
+
+def test_normalize_reads_flowrl_and_peer_field_names() -> None:
+    flowrl = suite.normalize({"env_steps_per_s_sampled": 10.0, "env_steps_sampled": 40, "seconds_to_450": 3.0})
+    peer = suite.normalize({"env_steps_per_s": 10.0, "env_steps": 40, "seconds_to_450": 3.0, "version": "2.9.2"})
+    assert {k: flowrl[k] for k in ("env_steps_per_s", "env_steps", "seconds_to_450")} == \
+        {k: peer[k] for k in ("env_steps_per_s", "env_steps", "seconds_to_450")} == \
+        {"env_steps_per_s": 10.0, "env_steps": 40, "seconds_to_450": 3.0}
+
+
+# -- the minimal PPO computes what flowrl's PPO computes ---------------------------------------------------
+def random_trajectory(seed: int, steps: int = 60, envs: int = 5) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    kinds = rng.choice(["", "term", "trunc"], p=[0.8, 0.1, 0.1], size=(steps, envs))
+    return {"rewards": rng.normal(size=(steps, envs)).astype(np.float32),
+            "values": rng.normal(size=(steps, envs)).astype(np.float32),
+            "next_values": rng.normal(size=(steps, envs)).astype(np.float32),
+            "terminateds": kinds == "term", "truncateds": kinds == "trunc"}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_minimal_ppo_gae_equals_flowrl_compute_gae(seed: int) -> None:
+    t = random_trajectory(seed)
+    adv, targets = minimal_ppo.gae(t["rewards"], t["values"], t["next_values"], t["terminateds"], t["truncateds"],
+                                   0.99, 0.95)
+    for i in range(t["rewards"].shape[1]):  # flowrl: one env's time-ordered steps at a time
+        expected = compute_gae(**{k: v[:, i] for k, v in t.items()}, gamma=0.99, lambda_=0.95)
+        np.testing.assert_array_equal(adv[:, i], expected[0])
+        np.testing.assert_array_equal(targets[:, i], expected[1])
+
+
+def test_minimal_ppo_gae_equals_flowrl_postprocessing_of_episode_pieces() -> None:
+    """The path flowrl's sampler takes: each episode piece of each env through ``add_advantages``, bootstrapping
+    ``V(new_obs)`` at truncations and at the fragment's end, ``vf_preds`` of the next row inside a piece."""
+    t = random_trajectory(7)
+    steps, envs = t["rewards"].shape
+    next_values = t["next_values"].copy()
+    done = t["terminateds"] | t["truncateds"]
+    next_values[:-1][~done[:-1]] = t["values"][1:][~done[:-1]]  # a consistent trajectory: V(s') is the next V(s)
+    adv, targets = minimal_ppo.gae(t["rewards"], t["values"], next_values, t["terminateds"], t["truncateds"],
+                                   minimal_ppo.GAMMA, minimal_ppo.LAMBDA)
+    for i in range(envs):
+        row_of = np.arange(steps, dtype=np.float32)[:, None]  # new_obs[t] = [t]: value_fn looks V(s'_t) up
+        cuts = [0, *(np.flatnonzero(done[:, i]) + 1).tolist(), steps]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if a == b:
+                continue
+            piece = SampleBatch({REWARDS: t["rewards"][a:b, i], VF_PREDS: t["values"][a:b, i],
+                                 NEXT_OBS: row_of[a:b], TERMINATEDS: t["terminateds"][a:b, i],
+                                 TRUNCATEDS: t["truncateds"][a:b, i]})
+            out = add_advantages(piece, lambda obs: next_values[obs[:, 0].astype(int), i],  # noqa: B023
+                                 gamma=minimal_ppo.GAMMA, lambda_=minimal_ppo.LAMBDA)
+            np.testing.assert_allclose(adv[a:b, i], out[ADVANTAGES], rtol=1e-6, atol=1e-5)
+            np.testing.assert_allclose(targets[a:b, i], out[VALUE_TARGETS], rtol=1e-6, atol=1e-5)
+
+
+def test_minimal_ppo_hyperparameters_are_flowrl_main_jobs() -> None:
+    from flowrl.cli import MAIN_JOB
+
+    overrides = dict(arg.split("=") for arg in MAIN_JOB if "=" in arg)
+    config = PPOConfig()
+    assert minimal_ppo.NUM_ENVS == int(overrides["num_workers"]) * int(overrides["num_envs_per_worker"])
+    assert minimal_ppo.NUM_ENVS * minimal_ppo.STEPS_PER_ENV == int(overrides["train_batch_size"])
+    assert (minimal_ppo.MINIBATCH, minimal_ppo.EPOCHS, minimal_ppo.LR) == \
+        (int(overrides["sgd_minibatch_size"]), int(overrides["num_sgd_iter"]), float(overrides["lr"]))
+    assert (minimal_ppo.GAMMA, minimal_ppo.LAMBDA, minimal_ppo.CLIP, minimal_ppo.VF_CLIP, minimal_ppo.VF_COEFF) == \
+        (config.gamma, config.lambda_, config.clip_param, config.vf_clip_param, config.vf_loss_coeff)
+    assert (minimal_ppo.KL_COEFF, minimal_ppo.KL_TARGET, config.entropy_coeff) == (config.kl_coeff, config.kl_target, 0)
+
+
+@pytest.mark.parametrize("sampled_kl", [0.0, 0.004, 0.005, 0.01, 0.02, 0.021, 1.0])
+def test_minimal_ppo_kl_rule_is_flowrls(sampled_kl: float) -> None:
+    assert minimal_ppo.adapt_kl_coeff(0.2, sampled_kl) == adapt_kl_coeff(0.2, sampled_kl, minimal_ppo.KL_TARGET)
+
+
+def test_minimal_ppo_model_and_loss_equal_flowrl_ppo_policy() -> None:
+    policy = PPOPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), PPOConfig(seed=0))
+    torch.manual_seed(0)  # what minimal_ppo.train does before building its model
+    model = minimal_ppo.ActorCritic(4, 2)
+    flowrl_weights = policy.model.state_dict()
+    assert flowrl_weights.keys() == model.state_dict().keys()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, flowrl_weights[name], rtol=0, atol=0)  # same initialisation
+    rng = np.random.default_rng(0)
+    n = 64
+    columns = {OBS: rng.normal(size=(n, 4)), ACTIONS: rng.integers(0, 2, n), LOGP: np.log(rng.uniform(0.2, 0.8, n)),
+               ACTION_DIST_INPUTS: rng.normal(size=(n, 2)), VF_PREDS: rng.normal(size=n) * 20,
+               ADVANTAGES: rng.normal(size=n), VALUE_TARGETS: rng.normal(size=n) * 20}
+    tensors = {k: torch.as_tensor(v, dtype=torch.int64 if k == ACTIONS else torch.float32) for k, v in columns.items()}
+    policy.kl_coeff = 0.3
+    expected, stats = policy.loss(tensors)
+    ours = {"obs": OBS, "actions": ACTIONS, "logp": LOGP, "logits": ACTION_DIST_INPUTS, "values": VF_PREDS,
+            "advantages": ADVANTAGES, "targets": VALUE_TARGETS}
+    loss, kl = minimal_ppo.ppo_loss(model, {k: tensors[v] for k, v in ours.items()}, kl_coeff=0.3)
+    torch.testing.assert_close(loss, expected)
+    assert kl == pytest.approx(stats["kl"], rel=1e-6)
