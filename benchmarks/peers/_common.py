@@ -77,6 +77,23 @@ class Progress:
         return mean_return >= self.stop_return or steps >= self.max_steps
 
 
+def train_rllib(algo: Any, progress: Progress) -> float:
+    """Runs an RLlib ``Algorithm``'s ``train()`` until ``progress`` says stop, then stops it and Ray; returns the
+    training seconds. Ray is imported here, so this module stays importable without the peer virtualenv."""
+    import ray
+
+    try:
+        while True:
+            result = algo.train()
+            runners = result.get("env_runners", {})
+            steps = int(runners.get("num_env_steps_sampled_lifetime", result.get("num_env_steps_sampled_lifetime", 0)))
+            if progress.update(steps=steps, mean_return=float(runners.get("episode_return_mean", math.nan)), log=True):
+                return time.perf_counter() - progress.start
+    finally:
+        algo.stop()
+        ray.shutdown()
+
+
 def emit(*, benchmark: str, peer: str, version: str, config: dict[str, Any], progress: Progress, steps: int,
          train_s: float, startup_s: float, out: str | None, versions: dict[str, str]) -> None:
     """Prints the result as one JSON line (the script's last line) and writes it to ``out`` if given."""

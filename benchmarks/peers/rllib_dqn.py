@@ -31,10 +31,9 @@ Start-up (``ray.init``, building the algorithm) is timed apart; training time ru
 
 from __future__ import annotations
 
-import math
 import time
 
-from _common import Progress, emit, loopback_ray, parse_args
+from _common import Progress, emit, loopback_ray, parse_args, train_rllib
 
 
 def main() -> None:
@@ -68,18 +67,7 @@ def main() -> None:
     algo = config.build_algo()
     startup_s = time.perf_counter() - start
     progress = Progress(stop_return=args.stop_return, max_steps=args.max_steps)
-    try:
-        while True:
-            result = algo.train()
-            runners = result.get("env_runners", {})
-            steps = int(runners.get("num_env_steps_sampled_lifetime", result.get("num_env_steps_sampled_lifetime", 0)))
-            mean_return = float(runners.get("episode_return_mean", math.nan))
-            if progress.update(steps=steps, mean_return=mean_return, log=True):
-                break
-        train_s = time.perf_counter() - progress.start
-    finally:
-        algo.stop()
-        ray.shutdown()
+    train_s = train_rllib(algo, progress)
     emit(benchmark="rllib_dqn", peer="rllib", version=ray.__version__,
          config={"num_env_runners": 0, "num_envs_per_env_runner": 1, "rollout_fragment_length": 4, "num_learners": 0,
                  **hyper, "model": "fcnet [64, 64] tanh, heads [256] relu", "api_stack": "new",

@@ -34,10 +34,9 @@ the first ``train()`` call. RLlib counts env steps with ``num_env_steps_sampled_
 
 from __future__ import annotations
 
-import math
 import time
 
-from _common import Progress, emit, loopback_ray, parse_args
+from _common import Progress, emit, loopback_ray, parse_args, train_rllib
 
 RUNNERS, TRAIN_BATCH = 2, 4000
 
@@ -77,18 +76,7 @@ def main() -> None:
     algo = config.build_algo()
     startup_s = time.perf_counter() - start
     progress = Progress(stop_return=args.stop_return, max_steps=args.max_steps)
-    try:
-        while True:
-            result = algo.train()
-            runners = result.get("env_runners", {})
-            steps = int(runners.get("num_env_steps_sampled_lifetime", result.get("num_env_steps_sampled_lifetime", 0)))
-            mean_return = float(runners.get("episode_return_mean", math.nan))
-            if progress.update(steps=steps, mean_return=mean_return, log=True):
-                break
-        train_s = time.perf_counter() - progress.start
-    finally:
-        algo.stop()
-        ray.shutdown()
+    train_s = train_rllib(algo, progress)
     emit(benchmark="rllib_ppo", peer="rllib", version=ray.__version__,
          config={"num_env_runners": RUNNERS, "num_envs_per_env_runner": envs_per_runner,
                  "rollout_fragment_length": fragment, "num_learners": 0, **hyper,
