@@ -464,8 +464,8 @@ class WarnAboutBadRewardScales:
 
     Use with ``.for_each()`` after ``StandardMetricsReporting``. It warns (RLlib's check) when
     ``|episode_reward_mean| / vf_clip_param`` exceeds 200, so value clipping would stall value learning,
-    and when the scaled value loss of a policy with a shared trunk exceeds 100. Multi-agent results
-    (non-empty ``policy_reward_mean``) are not checked.
+    and when the scaled value loss of a policy with a shared trunk exceeds 100. Results with more than one
+    policy in ``policy_reward_mean`` (multi-agent) are not checked.
 
     Args:
         config: a PPO-style config with ``vf_clip_param``, ``vf_loss_coeff`` and ``model.vf_share_layers``.
@@ -475,8 +475,9 @@ class WarnAboutBadRewardScales:
     Examples:
         >>> from flowrl.algorithms.ppo import PPOConfig
         >>> check = WarnAboutBadRewardScales(PPOConfig(vf_clip_param=0.5))
-        >>> check({"episode_reward_mean": 500.0, "policy_reward_mean": {}})["episode_reward_mean"]  # warns
-        500.0
+        >>> result = {"episode_reward_mean": 500.0, "policy_reward_mean": {"default_policy": 500.0}}
+        >>> check(result) is result  # warns
+        True
     """
 
     def __init__(self, config: Any) -> None:
@@ -487,7 +488,7 @@ class WarnAboutBadRewardScales:
         self.config = config
 
     def __call__(self, result: dict[str, Any]) -> dict[str, Any]:
-        if result.get("policy_reward_mean"):
+        if len(result.get("policy_reward_mean") or {}) > 1:  # multi-agent: one reward scale per policy
             return result
         stats = result.get("info", {}).get(LEARNER_INFO, {}).get(DEFAULT_POLICY_ID, {}).get(LEARNER_STATS_KEY, {})
         scaled_vf_loss = self.config.vf_loss_coeff * float(stats.get("vf_loss", 0.0))

@@ -245,12 +245,15 @@ def test_state_carries_the_adapted_kl_coeff() -> None:
 
 def test_reward_scale_check_warns_only_when_returns_dwarf_vf_clip_param(caplog: pytest.LogCaptureFixture) -> None:
     check = WarnAboutBadRewardScales(PPOConfig(vf_clip_param=1.0))
-    result = {"episode_reward_mean": 150.0, "policy_reward_mean": {}, "info": {}}
+    # what a single-agent run reports: its one policy is in policy_reward_mean
+    result = {"episode_reward_mean": 150.0, "policy_reward_mean": {"default_policy": 150.0}, "info": {}}
     with caplog.at_level(logging.WARNING, logger="flowrl.algorithms.ppo"):
         assert check(result) is result
         assert not caplog.records
         check({**result, "episode_reward_mean": -250.0})
         check({**result, "episode_reward_mean": float("nan")})  # no episodes yet
+        check({**result, "episode_reward_mean": -250.0, "policy_reward_mean": {"a": -300.0, "b": -200.0}})
+    # one warning: the multi-agent result (two policies, two reward scales) is not checked
     assert len(caplog.records) == 1 and "over 200x vf_clip_param=1.0" in caplog.records[0].getMessage()
 
 
