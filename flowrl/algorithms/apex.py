@@ -294,7 +294,8 @@ def plan(workers: WorkerSet, config: ApexConfig, *,
     update_op = (Dequeue(learner.outqueue, check=learner.is_alive)
                  .for_each(UpdateReplayShardPriorities(learner, prioritized=config.prioritized_replay))
                  .for_each(RecordLearnerOutput())
-                 .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True)))
+                 .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True,
+                                               learner_thread=learner)))
     if config.training_intensity is None:
         merged = Concurrently([store_op, enqueue_op, update_op], mode="async", output_indexes=[2])
     else:

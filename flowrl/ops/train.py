@@ -20,6 +20,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Collection, Mapping, Sequence
 
@@ -608,7 +609,9 @@ class UpdateTargetNetwork(MetricsBinding):
     Use with ``.for_each()`` after a train stage. It fires iff ``metric >= last_target_update_ts +
     target_update_freq`` (always when ``target_update_freq <= 0``), where the metric is
     ``num_steps_sampled`` or, with ``by_steps_trained``, ``num_steps_trained``. Firing calls
-    ``update_target()`` on each listed trainable policy (``None``: ``policies_to_train``).
+    ``update_target()`` on each listed trainable policy (``None``: ``policies_to_train``). With a
+    ``learner_thread`` (Ape-X), the copy holds its ``weights_lock``, so it never reads a network the thread is
+    halfway through updating.
 
     Metrics: times ``target_net_update``; ``num_target_updates += 1``; ``last_target_update_ts = metric``
     (shared by all UpdateTargetNetwork stages of one dataflow).
@@ -624,9 +627,11 @@ class UpdateTargetNetwork(MetricsBinding):
     """
 
     def __init__(self, workers: WorkerSet, target_update_freq: int, by_steps_trained: bool = False,
-                 policies: Collection[str] | None = None) -> None:
+                 policies: Collection[str] | None = None, learner_thread: Any = None) -> None:
         name = type(self).__name__
         self.workers = _check_workers(workers, name)
+        self.lock = contextlib.nullcontext() if learner_thread is None else \
+            _check_learner_thread(learner_thread, name).weights_lock
         if isinstance(target_update_freq, bool) or not isinstance(target_update_freq, (int, float)):
             raise ValueError(f"{name} target_update_freq={target_update_freq!r} must be a number of steps "
                              f"(<= 0: update on every call)")
@@ -638,7 +643,7 @@ class UpdateTargetNetwork(MetricsBinding):
         counters = self.metrics.counters
         metric = counters[self.metric]
         if self.target_update_freq <= 0 or metric >= counters[LAST_TARGET_UPDATE_TS] + self.target_update_freq:
-            with self.metrics.timers[TARGET_NET_UPDATE_TIMER]:
+            with self.metrics.timers[TARGET_NET_UPDATE_TIMER], self.lock:
                 local = self.workers.local_worker()
                 for pid in self.policies:
                     local.get_policy(pid).update_target()

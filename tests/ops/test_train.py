@@ -492,6 +492,21 @@ def test_update_target_network_by_steps_trained_reads_the_trained_counter() -> N
     assert metrics.counters[NUM_TARGET_UPDATES] == 1 and metrics.counters[LAST_TARGET_UPDATE_TS] == 100
 
 
+def test_update_target_network_copies_under_the_learner_threads_weights_lock() -> None:
+    ws = make_fake_workers(0)
+    learner = types.SimpleNamespace(weights_updated=False, weights_lock=threading.Lock())
+    policy = ws.local_worker().get_policy()
+    held: list[bool] = []
+    policy.update_target = lambda: held.append(learner.weights_lock.locked())  # type: ignore[method-assign]
+    op = bound(UpdateTargetNetwork(ws, 0, learner_thread=learner), MetricsContext())
+    op(None)
+    assert held == [True] and not learner.weights_lock.locked()
+    bound(UpdateTargetNetwork(ws, 0), MetricsContext())(None)  # no learner thread: no lock
+    assert held == [True, False]
+    with pytest.raises(TypeError, match="weights_lock"):
+        UpdateTargetNetwork(ws, 0, learner_thread=object())
+
+
 def test_update_target_network_bookkeeping_is_shared_and_freq_zero_fires_every_call() -> None:
     ws = make_fake_workers(0, **TWO_POLICIES)
     metrics = MetricsContext()
