@@ -24,7 +24,7 @@ from flowrl.config import PolicyConfig
 from flowrl.models import ActionDistribution, NumpyActing, dist_class_for, make_model
 from flowrl.sample_batch import ACTION_DIST_INPUTS, ACTIONS, LOGP, VF_PREDS, SampleBatch
 
-__all__ = ["PolicyConfig", "Policy", "TensorBatch"]
+__all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -38,6 +38,19 @@ def _check_device(device: str) -> torch.device:
             raise ValueError(f"device={device!r} but torch sees {count} CUDA device(s); use device='cpu' "
                              f"or run where a GPU is visible")
     return dev
+
+
+def column_tensor(column: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch column as a tensor on ``device``, sharing memory when it can; a read-only column (one that came
+    through Ray's object store) is copied first, as torch must not wrap memory it may not write.
+
+    Examples:
+        >>> column = np.arange(3.0)
+        >>> column.flags.writeable = False
+        >>> column_tensor(column, torch.device("cpu")).tolist()
+        [0.0, 1.0, 2.0]
+    """
+    return torch.as_tensor(column if column.flags.writeable else column.copy(), device=device)
 
 
 def _to_numpy_tree(value: Any) -> Any:
@@ -185,8 +198,7 @@ class Policy:
     # -- learning ---------------------------------------------------------------------------------
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:
         """The batch's numeric columns as tensors on the policy's device (other columns are skipped)."""
-        return {k: torch.as_tensor(v, device=self.device) for k, v in batch.items()
-                if v.dtype.kind in "biuf"}
+        return {k: column_tensor(v, self.device) for k, v in batch.items() if v.dtype.kind in "biuf"}
 
     def _backward(self, tensors: TensorBatch) -> dict[str, float]:
         if not self.model.training:  # (a walk over every module: not once per minibatch)

@@ -38,7 +38,7 @@ from flowrl.iter import LocalIterator
 from flowrl.models import _ConvEncoder, _mlp
 from flowrl.ops import (Concurrently, MultiGPUTrainOneStep, ParallelRollouts, Replay, StandardMetricsReporting,
                         StoreToReplayBuffer, TrainOneStep, UpdatePriorities, UpdateTargetNetwork)
-from flowrl.policy import Policy, TensorBatch
+from flowrl.policy import Policy, TensorBatch, column_tensor
 from flowrl.postprocessing import compute_nstep
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
@@ -315,7 +315,7 @@ class DQNPolicy(Policy):
     # -- loss -------------------------------------------------------------------------------------
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:
         """Only the columns the loss reads."""
-        return {k: torch.as_tensor(batch[k], device=self.device) for k in _LOSS_COLUMNS if k in batch}
+        return {k: column_tensor(batch[k], self.device) for k in _LOSS_COLUMNS if k in batch}
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config

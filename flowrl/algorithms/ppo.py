@@ -33,7 +33,7 @@ from flowrl.config import PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops import (ConcatBatches, MultiGPUTrainOneStep, ParallelRollouts, SelectExperiences, StandardizeFields,
                         StandardMetricsReporting, TrainOneStep, UpdateKL, WarnAboutBadRewardScales)
-from flowrl.policy import Policy, TensorBatch
+from flowrl.policy import Policy, TensorBatch, column_tensor
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS,
                                  REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
@@ -176,7 +176,7 @@ class PPOPolicy(Policy):
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:
         """Only the columns the loss reads (fewer conversions per minibatch); all numeric ones otherwise."""
         if all(k in batch for k in _LOSS_COLUMNS):
-            return {k: torch.as_tensor(batch[k], device=self.device) for k in _LOSS_COLUMNS}
+            return {k: column_tensor(batch[k], self.device) for k in _LOSS_COLUMNS}
         return super().to_tensors(batch)
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
