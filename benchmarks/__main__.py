@@ -2,18 +2,29 @@
 
 Every run is a subprocess of its script (a fresh process and Ray instance each time), whose JSON the suite reads:
 
-- ``iter_overhead``: flowrl's gathers against hand-written Ray loops (``benchmarks/iter_overhead.py``, which itself
-  alternates the two sides over >= 3 rounds); gives ``overhead_ratio``.
+- ``rollout_overhead``: the paper's sampling microbenchmark, ParallelRollouts over rollout workers with a dummy
+  policy against the plain hand-written Ray loops over the same actors (``benchmarks/rollout_overhead.py``, which
+  alternates the two sides itself); its async ratio is the summary's ``overhead_ratio``.
 - ``sampling``: one RolloutWorker against its raw envs (``benchmarks/sampling.py``, alternating, >= 3 rounds).
-- ``async_throughput``: IMPALA, APPO and Ape-X env steps/s (``benchmarks/async_throughput.py``, median of 3 runs).
+- ``throughput``: env steps/s sampled and trained for PG, A2C, A3C, PPO, DQN, Ape-X, IMPALA and APPO
+  (``benchmarks/throughput.py``, medians of several windows).
+- ``time_to_solve``: wall seconds and env steps to returns 150 and 450 for the same 8 (``benchmarks/time_to_solve.py``;
+  ``--quick``: 150 only, capped at 15 s of training each).
+- ``scaling``: 1 to 16 rollout workers on envs whose step sleeps 1 ms, one node and a local two-node cluster
+  (``benchmarks/scaling.py``); efficiency against linear.
+- ``loc``: lines of code of the A3C, PPO and Ape-X plans against hand-written Ray versions with the same
+  numerics (``benchmarks/loc.py``, ``benchmarks/handwritten/``).
 - ``ppo``: PPO on CartPole-v1 with flowrl's main job's hyperparameters, in rounds whose order rotates (drift
   hits every system alike): flowrl (``ppo_cartpole.py``), the minimal single-file PPO (``minimal_ppo.py``) and,
-  when the peers' virtualenv exists, Stable-Baselines3 and RLlib (``peers/sb3_ppo.py``, ``peers/rllib_ppo.py``).
-  Gives ``ppo_vs_sb3`` and ``ppo_vs_rllib`` (flowrl / peer, medians of env steps/s) and
-  ``ppo_time_to_450_vs_minimal`` (flowrl / minimal, medians of training seconds to a smoothed return of 450;
+  when the peers' virtualenv exists, Stable-Baselines3 with 8 envs and RLlib with 2 env runners of 1 env each
+  (PERFORMANCE.md's configuration: RLlib's default of one env per runner) and of 4 envs each (flowrl's 2 x 4).
+  Gives ``ppo_vs_sb3``, ``ppo_vs_rllib`` (2 x 1) and ``ppo_vs_rllib_2x4`` (flowrl / peer, medians of env steps/s)
+  and ``ppo_time_to_450_vs_minimal`` (flowrl / minimal, medians of training seconds to a smoothed return of 450;
   a run that never gets there counts as infinitely slow).
-- ``dqn``: Stable-Baselines3 and RLlib DQN with flowrl's DQN defaults (peers only; no ratio yet).
-- ``ppo_cartpole``, ``minimal_ppo``, ``sb3_ppo``, ``rllib_ppo``, ``sb3_dqn``, ``rllib_dqn``: one system's runs.
+- ``dqn``: flowrl DQN (``dqn_cartpole.py``) beside Stable-Baselines3 and RLlib DQN with flowrl's DQN defaults.
+- ``iter_overhead`` (not in ``all``): flowrl's gathers against the *best* hand-written Ray loops over sleeping
+  shard actors (``benchmarks/iter_overhead.py``).
+- a system's own name (``ppo_cartpole``, ``minimal_ppo``, ``sb3_ppo``, ``rllib_ppo_2x1``, ...) runs its rounds alone.
 
 Round ``i`` runs every system with seed ``i``; ``--repeats`` rounds (3). ``--quick`` keeps the rounds but shrinks
 the budgets (flowrl and the minimal PPO still run to 450, at most 150k steps; the peers run a fixed few thousand
@@ -24,7 +35,7 @@ Peers are skipped, with a note, when ``benchmarks/peers/.venv`` does not exist (
 Each benchmark prints a markdown table; everything goes to ``benchmarks/results/suite[_quick].json`` (each run's
 JSON and log under ``benchmarks/results/suite[_quick]/``). The last line is::
 
-    overhead_ratio=... ppo_vs_sb3=... ppo_vs_rllib=... ppo_time_to_450_vs_minimal=...
+    overhead_ratio=... ppo_vs_sb3=... ppo_vs_rllib=... ppo_time_to_450_vs_minimal=... ppo_vs_rllib_2x4=...
 
 with ``nan`` for what was not measured.
 """
@@ -48,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
 PEERS_PYTHON = HERE / "peers" / ".venv" / "bin" / "python"
-SUMMARY_KEYS = ("overhead_ratio", "ppo_vs_sb3", "ppo_vs_rllib", "ppo_time_to_450_vs_minimal")
+SUMMARY_KEYS = ("overhead_ratio", "ppo_vs_sb3", "ppo_vs_rllib", "ppo_time_to_450_vs_minimal", "ppo_vs_rllib_2x4")
 THRESHOLDS = (150, 450)
 
 
@@ -77,8 +88,13 @@ SYSTEMS = {s.name: s for s in (
            ("--max-steps", "300000", *_TO_450, "--quiet"), ("--max-steps", "150000", *_TO_450, "--quiet")),
     System("sb3_ppo", "Stable-Baselines3 PPO (8 envs, DummyVecEnv)", "peers/sb3_ppo.py", True,
            ("--max-steps", "300000", *_TO_450), ("--max-steps", "20000")),
-    System("rllib_ppo", "RLlib PPO (2 env runners x 4 envs)", "peers/rllib_ppo.py", True,
+    System("rllib_ppo_2x1", "RLlib PPO (2 env runners x 1 env)", "peers/rllib_ppo.py", True,
+           ("--envs-per-runner", "1", "--max-steps", "300000", *_TO_450),
+           ("--envs-per-runner", "1", "--max-steps", "6000")),
+    System("rllib_ppo_2x4", "RLlib PPO (2 env runners x 4 envs)", "peers/rllib_ppo.py", True,
            ("--max-steps", "300000", *_TO_450), ("--max-steps", "12000")),
+    System("dqn_cartpole", "flowrl DQN (defaults: local worker, 1 env)", "dqn_cartpole.py", False,
+           ("--max-steps", "50000", *_TO_450), ("--max-steps", "5000")),
     System("sb3_dqn", "Stable-Baselines3 DQN (1 env)", "peers/sb3_dqn.py", True,
            ("--max-steps", "50000", *_TO_450), ("--max-steps", "5000")),
     System("rllib_dqn", "RLlib DQN (local env runner, 1 env)", "peers/rllib_dqn.py", True,
@@ -86,10 +102,11 @@ SYSTEMS = {s.name: s for s in (
 )}
 #: benchmarks made of trainer runs in rotating rounds; a system's own name runs it alone
 TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
-    "ppo": ("ppo_cartpole", "minimal_ppo", "sb3_ppo", "rllib_ppo"), "dqn": ("sb3_dqn", "rllib_dqn"),
+    "ppo": ("ppo_cartpole", "minimal_ppo", "sb3_ppo", "rllib_ppo_2x1", "rllib_ppo_2x4"),
+    "dqn": ("dqn_cartpole", "sb3_dqn", "rllib_dqn"),
     **{name: (name,) for name in SYSTEMS}}
-SCRIPTS = ("iter_overhead", "sampling", "async_throughput")
-ALL = (*SCRIPTS, "ppo", "dqn")
+SCRIPTS = ("rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc", "iter_overhead")
+ALL = (*SCRIPTS[:-1], "ppo", "dqn")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
 
 
@@ -99,7 +116,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     Examples:
         >>> parse_args(["all", "--quick"]).benchmarks
-        ['iter_overhead', 'sampling', 'async_throughput', 'ppo', 'dqn']
+        ['rollout_overhead', 'sampling', 'throughput', 'time_to_solve', 'scaling', 'loc', 'ppo', 'dqn']
         >>> parse_args(["minimal_ppo", "ppo", "minimal_ppo"]).benchmarks
         ['minimal_ppo', 'ppo']
     """
@@ -125,7 +142,7 @@ def format_summary(values: Mapping[str, float | None]) -> str:
 
     Examples:
         >>> format_summary({"overhead_ratio": 0.9876, "ppo_vs_sb3": None, "ppo_time_to_450_vs_minimal": math.inf})
-        'overhead_ratio=0.988 ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan'
+        'overhead_ratio=0.988 ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan ppo_vs_rllib_2x4=nan'
     """
     def fmt(value: float | None) -> str:
         return "nan" if value is None or not math.isfinite(value) else f"{value:.3f}"
@@ -175,21 +192,24 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]],
                    overhead_ratio: float | None) -> dict[str, float | None]:
-    """The summary's ratios from the trainer runs by system name (normalized records) and iter_overhead's ratio.
+    """The summary's ratios from the trainer runs by system name (normalized records) and rollout_overhead's ratio.
 
     Examples:
         >>> runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": 30.0}] * 3,
         ...         "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3,
         ...         "sb3_ppo": [{"env_steps_per_s": 2000.0, "seconds_to_450": None}] * 3}
         >>> format_summary(summary_values(runs, overhead_ratio=0.97))
-        'overhead_ratio=0.970 ppo_vs_sb3=1.500 ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=0.750'
+        'overhead_ratio=0.970 ppo_vs_sb3=1.500 ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=0.750 ppo_vs_rllib_2x4=nan'
     """
     flowrl = runs.get("ppo_cartpole", [])
-    return {"overhead_ratio": overhead_ratio,
-            "ppo_vs_sb3": _ratio(median_steps_per_s(flowrl), median_steps_per_s(runs.get("sb3_ppo", []))),
-            "ppo_vs_rllib": _ratio(median_steps_per_s(flowrl), median_steps_per_s(runs.get("rllib_ppo", []))),
+
+    def vs(peer: str) -> float | None:
+        return _ratio(median_steps_per_s(flowrl), median_steps_per_s(runs.get(peer, [])))
+
+    return {"overhead_ratio": overhead_ratio, "ppo_vs_sb3": vs("sb3_ppo"), "ppo_vs_rllib": vs("rllib_ppo_2x1"),
             "ppo_time_to_450_vs_minimal": _ratio(median_seconds_to(flowrl, 450),
-                                                 median_seconds_to(runs.get("minimal_ppo", []), 450))}
+                                                 median_seconds_to(runs.get("minimal_ppo", []), 450)),
+            "ppo_vs_rllib_2x4": vs("rllib_ppo_2x4")}
 
 
 def normalize(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -239,18 +259,17 @@ class Suite:
 
     # -- the scripts that alternate inside themselves --------------------------------------------------
     def script(self, name: str) -> None:
-        out = {"iter_overhead": RESULTS / "iter_overhead.json"}.get(name, self.runs_dir / f"{name}.json")
-        extra = {"iter_overhead": ["--quick"] if self.quick else [],
-                 "sampling": ["--quick"] if self.quick else [],
-                 "async_throughput": ["--workers", "2", "--runs", "3", "--seconds", "5"] if self.quick else []}[name]
-        if name != "iter_overhead":
+        out = RESULTS / "iter_overhead.json" if name == "iter_overhead" else self.runs_dir / f"{name}.json"
+        extra = ["--quick"] if self.quick and name != "loc" else []
+        if name == "throughput" and self.quick:
+            extra += ["--workers", "2"]
+        if name != "iter_overhead":  # it always writes benchmarks/results/iter_overhead.json
             extra += ["--out", str(out)]
         print(f"\n## {name}\n", flush=True)
         data = self.run(name, [sys.executable, str(HERE / f"{name}.py"), *extra], out)
         self.reports[name] = data
-        if "error" in data:
-            return
-        TABLES[name](data)
+        if "error" not in data:
+            print(markdown_tables((self.runs_dir / f"{name}.log").read_text(errors="replace")), flush=True)
 
     # -- trainer runs in rotating rounds --------------------------------------------------------------
     def trainers(self, group: str) -> None:
@@ -288,48 +307,40 @@ def _num(value: Any, digits: int = 0) -> str:
 
 
 def trainer_table(systems: Sequence[System], runs: Mapping[str, Sequence[Mapping[str, Any]]], quick: bool) -> None:
-    flowrl_rate = median_steps_per_s(runs.get("ppo_cartpole", []))
-    print(f"\n| system | budget | runs ok | env steps/s (median) | flowrl PPO / this | s to 150 | s to 450 "
+    """One row per system; the ratio column compares with the group's flowrl system (its first, not a peer)."""
+    flowrl = next((s for s in systems if not s.peer), None)
+    flowrl_rate = median_steps_per_s(runs.get(flowrl.name, [])) if flowrl is not None else None
+    print(f"\n| system | budget | runs ok | env steps/s (median) | flowrl / this | s to 150 | s to 450 "
           f"| steps to 450 | start-up s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for s in systems:
         rs = runs[s.name]
         ok = [r for r in rs if "error" not in r]
         rate = median_steps_per_s(rs)
         steps_450 = _median([float(r["steps_to_450"]) for r in ok if r.get("steps_to_450") is not None])
-        ratio = _ratio(flowrl_rate, rate) if s.name.endswith("_ppo") else None
+        ratio = _ratio(flowrl_rate, rate)
         print(f"| {s.label} | {s.budget(quick)} | {len(ok)}/{len(rs)} | {_num(rate)} | {_num(ratio, 2)} "
               f"| {_num(median_seconds_to(rs, 150), 1)} | {_num(median_seconds_to(rs, 450), 1)} | {_num(steps_450)} "
               f"| {_num(_median([float(r['startup_s']) for r in ok if r.get('startup_s') is not None]), 1)} |")
 
 
-def _iter_overhead_table(data: Mapping[str, Any]) -> None:
-    print("| mode | flowrl items/s | hand-written items/s | flowrl / hand-written |\n|---|---:|---:|---:|")
-    for mode, r in data["results"].items():
-        print(f"| {mode} | {_num(r['flowrl_items_per_s'])} | {_num(r['hand_items_per_s'])} | {r['ratio']:.3f} |")
-    print(f"\noverhead_ratio (the worse of the two) = {data['overhead_ratio']:.3f}")
+def markdown_tables(log: str) -> str:
+    """The markdown tables a script printed (its ``|`` lines, each table with the line just above it).
 
-
-def _sampling_table(data: Mapping[str, Any]) -> None:
-    print("| envs per worker | worker env steps/s | raw env steps/s | worker / raw |\n|---:|---:|---:|---:|")
-    for r in data["results"]:
-        print(f"| {r['num_envs']} | {_num(r['worker_steps_per_s'])} | {_num(r['raw_steps_per_s'])} "
-              f"| {r['efficiency']:.3f} |")
-
-
-def _async_table(data: Mapping[str, Any]) -> None:
-    print("| algorithm | workers | env steps/s sampled | env steps/s trained | learner utilisation |\n"
-          "|---|---:|---:|---:|---:|")
-    for r in data["results"]:
-        if "error" in r:
-            print(f"| {r['algorithm']} | {r['workers']} | failed: {r['error'][:60]} | | |")
-        else:
-            m = r["median"]
-            print(f"| {r['algorithm']} | {r['workers']} | {_num(m['env_steps_per_s_sampled'])} "
-                  f"| {_num(m['env_steps_per_s_trained'])} | {100 * m['learner_utilisation']:.0f}% |")
-
-
-TABLES: dict[str, Callable[[Mapping[str, Any]], None]] = {
-    "iter_overhead": _iter_overhead_table, "sampling": _sampling_table, "async_throughput": _async_table}
+    Examples:
+        >>> print(markdown_tables("start\\nN workers\\n| a | b |\\n|---|---|\\n| 1 | 2 |\\nwrote x\\nlast=1"))
+        N workers
+        | a | b |
+        |---|---|
+        | 1 | 2 |
+    """
+    lines, out = log.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith("|"):
+            if i and not lines[i - 1].startswith("|"):
+                caption = next((c for c in reversed(lines[:i]) if c.strip()), "")
+                out += ["", caption] if out else [caption]
+            out.append(line)
+    return "\n".join(out)
 
 
 def _machine() -> dict[str, Any]:
@@ -353,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             suite.script(name)
         else:
             suite.trainers(name)
-    overhead = suite.reports.get("iter_overhead", {}).get("overhead_ratio")
+    overhead = suite.reports.get("rollout_overhead", {}).get("overhead_ratio")
     values = summary_values(suite.trainer_runs, overhead)
     line = format_summary(values)
     out = args.out or RESULTS / f"suite{'_quick' if args.quick else ''}.json"

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import doctest
 import math
+from types import ModuleType
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import ray
 import torch
 
 import benchmarks.__main__ as suite
-from benchmarks import minimal_ppo
+from benchmarks import dummy, minimal_ppo, rollout_overhead, scaling
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy, adapt_kl_coeff
 from flowrl.postprocessing import add_advantages, compute_gae
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS,
                                  TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
+from flowrl.workers import WorkerSet
 
 
 # -- the suite --------------------------------------------------------------------------------------------
@@ -30,9 +33,11 @@ def test_suite_doctests_pass() -> None:
 
 def test_all_expands_in_order_and_names_run_once() -> None:
     args = suite.parse_args(["ppo", "all", "--quick"])
-    assert args.benchmarks == ["ppo", "iter_overhead", "sampling", "async_throughput", "dqn"]
+    assert args.benchmarks == ["ppo", "rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc",
+                               "dqn"]
     assert args.quick and args.repeats == 3
-    assert suite.parse_args(["rllib_ppo", "--repeats", "5"]).benchmarks == ["rllib_ppo"]
+    assert suite.parse_args(["rllib_ppo_2x1", "--repeats", "5"]).benchmarks == ["rllib_ppo_2x1"]
+    assert suite.parse_args(["iter_overhead", "all"]).benchmarks[0] == "iter_overhead"  # runnable, not in all
 
 
 @pytest.mark.parametrize("argv", [["bogus"], [], ["ppo", "--repeats", "0"]])
@@ -47,6 +52,8 @@ def test_every_system_has_a_step_budget_and_a_known_script() -> None:
         for args in (system.full, system.quick):
             assert "--max-steps" in args
         assert (suite.HERE / system.script).is_file()
+    for name in suite.SCRIPTS:
+        assert (suite.HERE / f"{name}.py").is_file()
     assert suite.SYSTEMS["sb3_ppo"].budget(quick=True) == "20k steps"
     assert suite.SYSTEMS["ppo_cartpole"].budget(quick=False) == "to 450, <= 300k steps"
 
@@ -59,19 +66,22 @@ def test_summary_line_from_given_numbers() -> None:
                             {"env_steps_per_s": 2400.0, "seconds_to_450": None},  # never got there: counts as inf
                             {"env_steps_per_s": 2600.0, "seconds_to_450": 44.0}],
             "sb3_ppo": [{"env_steps_per_s": 1450.0, "seconds_to_450": None}] * 3,
-            "rllib_ppo": [{"env_steps_per_s": 480.0, "seconds_to_450": None}] * 3}
+            "rllib_ppo_2x1": [{"env_steps_per_s": 480.0, "seconds_to_450": None}] * 3,
+            "rllib_ppo_2x4": [{"env_steps_per_s": 1450.0, "seconds_to_450": None}] * 3}
     values = suite.summary_values(runs, overhead_ratio=1.02)
     assert values["ppo_vs_sb3"] == pytest.approx(2900 / 1450)
     assert values["ppo_time_to_450_vs_minimal"] == pytest.approx(33 / 44)
     assert suite.format_summary(values) == \
-        "overhead_ratio=1.020 ppo_vs_sb3=2.000 ppo_vs_rllib=6.042 ppo_time_to_450_vs_minimal=0.750"
+        ("overhead_ratio=1.020 ppo_vs_sb3=2.000 ppo_vs_rllib=6.042 ppo_time_to_450_vs_minimal=0.750 "
+         "ppo_vs_rllib_2x4=2.000")
 
 
 def test_summary_line_writes_nan_for_what_was_not_measured() -> None:
     runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": None}] * 3,
             "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3}
     line = suite.format_summary(suite.summary_values(runs, overhead_ratio=None))
-    assert line == "overhead_ratio=nan ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan"
+    assert line == ("overhead_ratio=nan ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan "
+                    "ppo_vs_rllib_2x4=nan")
     assert suite.format_summary({k: math.nan for k in suite.SUMMARY_KEYS}) == line
 
 
@@ -81,6 +91,37 @@ def test_normalize_reads_flowrl_and_peer_field_names() -> None:
     assert {k: flowrl[k] for k in ("env_steps_per_s", "env_steps", "seconds_to_450")} == \
         {k: peer[k] for k in ("env_steps_per_s", "env_steps", "seconds_to_450")} == \
         {"env_steps_per_s": 10.0, "env_steps": 40, "seconds_to_450": 3.0}
+
+
+# -- the sampling microbenchmark and the scaling benchmark -------------------------------------------------
+@pytest.mark.parametrize("module", [dummy, scaling], ids=["dummy", "scaling"])
+def test_script_doctests_pass(module: ModuleType) -> None:
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_markdown_tables_keep_each_table_with_its_caption() -> None:
+    log = "starting\n\nfirst\n| a |\n|---|\n| 1 |\nprogress\n\nsecond\n| b |\n| 2 |\nwrote it\nx=1"
+    assert suite.markdown_tables(log) == "first\n| a |\n|---|\n| 1 |\n\nsecond\n| b |\n| 2 |"
+    assert suite.markdown_tables("no table\nx=1") == ""
+
+
+def test_rollout_overhead_sides_sample_the_same_steps_from_the_same_workers() -> None:
+    """Both sides of both modes pull whole fragments from the same two workers; timed() checks the env steps each
+    side counted (flowrl through num_steps_sampled) against the fragments it was asked for."""
+    dummy.ship_by_value()
+    workers = WorkerSet(policy_class=dummy.DummyPolicy,
+                        config=dummy.rollout_config(num_workers=2, fragment=10, seed=0))
+    try:
+        for runs in rollout_overhead.MODES.values():
+            for run in runs.values():
+                assert rollout_overhead.timed(run, workers, n=6, k=2) > 0
+        with pytest.raises(RuntimeError, match="expected 60"):  # a side that loses fragments is caught
+            rollout_overhead.timed(lambda ws, n, k: 50, workers, n=6, k=2)
+        weights = ray.get(workers.remote_workers()[0].get_weights.remote())
+        assert {k: v.shape for k, v in weights["default_policy"].items()} == {"w": ()}  # one scalar
+    finally:
+        workers.stop()
 
 
 # -- the minimal PPO computes what flowrl's PPO computes ---------------------------------------------------

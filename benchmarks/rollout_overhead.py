@@ -1,0 +1,171 @@
+"""The RLlib Flow paper's sampling microbenchmark: ParallelRollouts against the plain hand-written Ray loop.
+
+N rollout worker actors (:class:`flowrl.workers.RolloutWorker`) sample CartPole-v1 with the paper's dummy policy
+(one trainable scalar, random actions: ``benchmarks/dummy.py``), so their time goes to the env and to
+coordination. The same actors serve both sides:
+
+- bulk_sync: ``ParallelRollouts(workers, mode="bulk_sync")`` against ``ray.get([w.sample.remote() for w in
+  workers])`` and one ``concat_batches`` per round; both sides make the same calls, so parity is the ceiling;
+- async: ``ParallelRollouts(workers, mode="async", num_async=k)`` against the straightforward loop (PERFORMANCE.md
+  §1): ``ray.wait(refs, num_returns=1)``, ``ray.get`` of that one result and a new ``sample`` request to the
+  worker it came from, ``k`` requests in flight per worker. flowrl's gather collects *every* ready result per
+  ``ray.wait`` (batched waits), which is how the paper's dataflow ran slightly faster than hand-written RLlib.
+
+Both sides count the env steps they receive (flowrl into ``num_steps_sampled``) and pull the same number of
+fragments per run. Each mode is warmed up once (which also sizes the runs to ``--seconds``), then flowrl and
+hand-written runs alternate (ABBA) for ``--repeats`` rounds; requests left in flight are drained outside the
+timer. Figures are medians of env steps/s. The suite's ``overhead_ratio`` is the async ratio (target >= 1.0).
+
+Run: ``python benchmarks/rollout_overhead.py [--quick] [--workers 4] [--num-async 2] [--fragment 50]``
+(``--quick``: ~40 s; default: about 2 minutes). The last line is ``overhead_ratio=<async flowrl / hand-written>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import flowrl  # noqa: E402  (before ray: flowrl.runtime keeps Ray on loopback)
+from flowrl import runtime  # noqa: E402
+from flowrl.metrics import STEPS_SAMPLED_COUNTER  # noqa: E402
+from flowrl.ops.rollout import ParallelRollouts, concat_batches  # noqa: E402
+from flowrl.workers import WorkerSet  # noqa: E402
+
+import ray  # noqa: E402,I001
+
+try:  # run as a script (benchmarks/ on the path) or imported as benchmarks.rollout_overhead
+    import dummy  # type: ignore[import-not-found,no-redef]
+except ImportError:
+    from benchmarks import dummy  # type: ignore[no-redef]
+
+OUT = Path(__file__).resolve().parent / "results" / "rollout_overhead.json"
+
+
+# -- the two sides: each pulls `n` fragments (async) or `n // N` rounds (bulk_sync) and returns env steps ------
+def flowrl_sync(workers: WorkerSet, n: int, k: int) -> int:
+    it = ParallelRollouts(workers, mode="bulk_sync")
+    for _ in it.take(n // len(workers.remote_workers())):
+        pass
+    return int(it.metrics.counters[STEPS_SAMPLED_COUNTER])
+
+
+def hand_sync(workers: WorkerSet, n: int, k: int) -> int:
+    remote, steps = workers.remote_workers(), 0
+    for _ in range(n // len(remote)):
+        steps += concat_batches(ray.get([w.sample.remote() for w in remote])).count
+    return steps
+
+
+def flowrl_async(workers: WorkerSet, n: int, k: int) -> int:
+    it = ParallelRollouts(workers, mode="async", num_async=k)
+    for _ in it.take(n):
+        pass
+    return int(it.metrics.counters[STEPS_SAMPLED_COUNTER])
+
+
+def hand_async(workers: WorkerSet, n: int, k: int) -> int:
+    pending = {w.sample.remote(): w for w in workers.remote_workers() for _ in range(k)}
+    steps = 0
+    for _ in range(n):
+        [ref], _ = ray.wait(list(pending), num_returns=1)
+        worker = pending.pop(ref)
+        batch = ray.get(ref)
+        pending[worker.sample.remote()] = worker
+        steps += batch.count
+    return steps  # requests still in flight are drained by timed(), outside the timer
+
+
+Run = Callable[[WorkerSet, int, int], int]
+MODES: dict[str, dict[str, Run]] = {"bulk_sync": {"flowrl": flowrl_sync, "hand": hand_sync},
+                                    "async": {"flowrl": flowrl_async, "hand": hand_async}}
+
+
+def timed(run: Run, workers: WorkerSet, n: int, k: int) -> float:
+    """Env steps/s of one run; afterwards waits (untimed) until every worker is idle again."""
+    start = time.perf_counter()
+    steps = run(workers, n, k)
+    elapsed = time.perf_counter() - start
+    ray.get([w.ping.remote() for w in workers.remote_workers()])  # an actor runs its calls in order
+    expected = n * workers.config.rollout_fragment_length * workers.config.num_envs_per_worker
+    if steps != expected:
+        raise RuntimeError(f"{run.__name__} sampled {steps} env steps, expected {expected}")
+    return steps / elapsed
+
+
+def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, repeats: int) -> dict[str, Any]:
+    w = len(workers.remote_workers())
+    warm = {name: timed(run, workers, 10 * w, k) for name, run in runs.items()}
+    steps_per_fragment = workers.config.rollout_fragment_length * workers.config.num_envs_per_worker
+    n = max(w, round(max(warm.values()) * seconds / steps_per_fragment))
+    n = math.ceil(n / w) * w  # whole bulk_sync rounds, so both sides pull exactly n fragments
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for rep in range(repeats):
+        for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):  # ABBA: drift hits both alike
+            samples[name].append(timed(runs[name], workers, n, k))
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    return {"fragments_per_run": n, "flowrl_steps_per_s": med["flowrl"], "hand_steps_per_s": med["hand"],
+            "ratio": med["flowrl"] / med["hand"], "samples": samples, "warmup": warm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4, help="rollout worker actors")
+    parser.add_argument("--num-async", type=int, default=2, help="sample requests in flight per worker (async)")
+    parser.add_argument("--fragment", type=int, default=50, help="env steps per sample() (rollout_fragment_length)")
+    parser.add_argument("--step-ms", type=float, default=0.0, help="sleep per env step (0: plain CartPole)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per run (sized at warm-up)")
+    parser.add_argument("--repeats", type=int, default=7, help="runs per side and mode (medians)")
+    parser.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="Ray's logical CPUs")
+    parser.add_argument("--quick", action="store_true", help="~40 s in all: 5 repeats of ~1 s runs")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    repeats, seconds = (5, 1.0) if args.quick else (args.repeats, args.seconds)
+    k = args.num_async
+
+    runtime.init(num_cpus=args.num_cpus, log_to_driver=False)
+    dummy.ship_by_value()
+    workers = WorkerSet(policy_class=dummy.DummyPolicy,
+                        config=dummy.rollout_config(num_workers=args.workers, step_ms=args.step_ms,
+                                                    fragment=args.fragment, seed=0))
+    try:
+        if workers.check_health(timeout_s=120):
+            raise RuntimeError("a rollout worker did not start within 120 s")
+        results = {mode: measure(runs, workers, k, seconds, repeats) for mode, runs in MODES.items()}
+    finally:
+        workers.stop()
+        ray.shutdown()
+
+    env = "CartPole-v1" if args.step_ms == 0 else f"CartPole-v1 sleeping {args.step_ms:g} ms per step"
+    print(f"\n{args.workers} rollout workers, dummy policy (one scalar), {env}, fragments of {args.fragment} steps, "
+          f"num_async={k}; median of {repeats} alternating runs\n")
+    print("| mode | fragments/run | flowrl env steps/s | hand-written env steps/s | flowrl / hand-written |")
+    print("|---|---:|---:|---:|---:|")
+    for mode, r in results.items():
+        label = "bulk_sync (ray.get per round)" if mode == "bulk_sync" else f"async (ray.wait num_returns=1, k={k})"
+        print(f"| {label} | {r['fragments_per_run']} | {r['flowrl_steps_per_s']:,.0f} | "
+              f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} |")
+    ratio = results["async"]["ratio"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "benchmark": "rollout_overhead", "overhead_ratio": ratio, "bulk_sync_ratio": results["bulk_sync"]["ratio"],
+        "results": results,
+        "params": {"workers": args.workers, "num_async": k, "fragment": args.fragment, "step_ms": args.step_ms,
+                   "repeats": repeats, "run_seconds": seconds, "num_cpus": args.num_cpus, "quick": args.quick},
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(),
+                    "python": platform.python_version(), "ray": ray.__version__,
+                    "flowrl": flowrl.__version__}}, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    print(f"overhead_ratio={ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
