@@ -229,7 +229,9 @@ class NumpyActing:
     A rollout worker computes actions for a few envs at a time, where torch's per-op dispatch (tens
     of microseconds per forward pass) costs more than the arithmetic. This mirror reads the model's
     parameters as numpy views and checks their torch version counters on every call, so any in-place
-    update (an optimizer step, ``load_state_dict``) is seen at once; nothing is ever stale.
+    update (an optimizer step, ``load_state_dict``) is seen at once; nothing is ever stale. Fused optimizer
+    kernels update parameters without moving their version counters: after such a step call :meth:`invalidate`
+    (as :meth:`flowrl.policy.Policy.optimizer_step` does).
     :meth:`build` returns ``None`` for a model it cannot mirror exactly (a CNN, a subclass, a GPU).
 
     Examples:
@@ -260,6 +262,10 @@ class NumpyActing:
         if model.vf_trunk is not None and widest > 128:
             return None  # side-by-side trunks double the work of wide layers; torch is as fast there
         return NumpyActing(model, dist_class, model.activation_name)
+
+    def invalidate(self) -> None:
+        """Re-read the parameters at the next call."""
+        self._versions = ()
 
     def _refresh(self) -> None:
         versions = tuple(p._version for p in self.params)

@@ -196,8 +196,13 @@ def test_numpy_acting_mirrors_the_torch_model_through_learning_and_set_weights(
         assert actions.dtype == (np.int64 if isinstance(action_space, gym.spaces.Discrete) else np.float32)
 
     assert_mirrors()
+    assert policy.optimizer.defaults["fused"]  # whose steps leave the parameters' version counters alone
     before = fast.forward(obs)[0].copy()
     policy.learn_on_batch(batch_for(policy))  # an in-place optimizer step: the mirror must see it
+    assert not np.allclose(fast.forward(obs)[0], before)
+    assert_mirrors()
+    before = fast.forward(obs)[0].copy()
+    policy.apply_gradients(policy.compute_gradients(batch_for(policy))[0])
     assert not np.allclose(fast.forward(obs)[0], before)
     assert_mirrors()
     other = ReinforcePolicy(BOX4, action_space, PolicyConfig(seed=99, model=model))

@@ -38,7 +38,7 @@ from flowrl.iter import LocalIterator
 from flowrl.models import _ConvEncoder, _mlp
 from flowrl.ops import (Concurrently, MultiGPUTrainOneStep, ParallelRollouts, Replay, StandardMetricsReporting,
                         StoreToReplayBuffer, TrainOneStep, UpdatePriorities, UpdateTargetNetwork)
-from flowrl.policy import Policy, TensorBatch, column_tensor
+from flowrl.policy import Policy, TensorBatch, column_tensor, make_adam
 from flowrl.postprocessing import compute_nstep
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
@@ -275,7 +275,7 @@ class DQNPolicy(Policy):
             self.model = QModel(observation_space, self.num_actions, config.model, hiddens=config.hiddens,
                                 dueling=config.dueling).to(self.device)
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_epsilon)
+        self.optimizer = make_adam(self.model.parameters(), lr=config.lr, eps=config.adam_epsilon)
         self.numpy_acting = None  # the base class's fast path samples an actor-critic; DQN acts epsilon-greedily
         self._td_error: np.ndarray = np.zeros(0, np.float32)
 
