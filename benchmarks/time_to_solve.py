@@ -32,7 +32,6 @@ when it was not measured, as 450 in ``--quick``).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -52,7 +51,10 @@ import torch  # noqa: E402
 
 from flowrl.workers import WorkerSet  # noqa: E402
 
-ALGOS = ("pg", "a2c", "a3c", "ppo", "dqn", "apex", "impala", "appo")
+try:  # run as a script (benchmarks/ on the path) or imported as benchmarks.time_to_solve
+    from throughput import ALGOS, load  # type: ignore[import-not-found]
+except ImportError:
+    from benchmarks.throughput import ALGOS, load
 THRESHOLDS = (150.0, 450.0)
 QUICK_MAX_TRAIN_S = 15.0
 
@@ -172,16 +174,6 @@ def median_or_inf(values: Sequence[float | None]) -> float:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def load(name: str) -> Any | None:
-    """The algorithm's module, or ``None`` if it is missing or does not import."""
-    try:
-        module = importlib.import_module(f"flowrl.algorithms.{name}")
-    except ImportError as e:
-        print(f"skipping {name}: flowrl/algorithms/{name}.py does not import ({e})", flush=True)
-        return None
-    return module if hasattr(module, "ALGORITHM") else None
 
 
 def make_config(module: Any, name: str, seed: int, report_s: float) -> Any:
