@@ -76,8 +76,8 @@ class PolicyConfig:
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` for the model and the learner.
         seed: seeds model initialisation, action sampling and minibatch order; ``None`` is random.
         numpy_acting: on the CPU, compute actions through a numpy mirror of an MLP model (the same
-            distributions, several times faster for the small batches a rollout worker acts on);
-            ``False`` always acts through torch.
+            distributions, or for DQN the same Q-values; several times faster for the small batches a
+            rollout worker acts on); ``False`` always acts through torch.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -137,6 +137,46 @@ def test_compute_actions_is_vectorised_epsilon_greedy() -> None:
     np.testing.assert_array_equal(random_policy.compute_actions(obs, explore=False)[0], greedy)
 
 
+@pytest.mark.parametrize("model, hiddens, dueling", [
+    (TINY, (8,), True), (ModelConfig(hidden_sizes=(16, 8), activation="relu"), (6, 5), True),
+    (ModelConfig(hidden_sizes=(), activation="elu"), (), True), (TINY, (), True), (TINY, (8,), False)])
+def test_numpy_q_mirrors_the_q_model_through_learning_and_set_weights(
+        model: ModelConfig, hiddens: tuple[int, ...], dueling: bool) -> None:
+    policy = make_policy(model=model, hiddens=hiddens, dueling=dueling, lr=0.05)
+    fast = policy.numpy_q
+    assert fast is not None
+    obs = np.random.default_rng(0).uniform(-2, 2, (6, 4)).astype(np.float32)
+
+    def assert_mirrors() -> None:
+        with torch.no_grad():
+            expected = policy.model(torch.as_tensor(obs)).numpy()
+        np.testing.assert_allclose(policy.q_values(obs), expected, rtol=1e-5, atol=1e-5)
+
+    assert_mirrors()
+    assert policy.optimizer.defaults["fused"]  # whose steps leave the parameters' version counters alone
+    before = policy.q_values(obs)
+    policy.learn_on_batch(loss_batch(np.random.default_rng(1)))  # the mirror must see the in-place step
+    assert not np.allclose(policy.q_values(obs), before)
+    assert_mirrors()
+    policy.apply_gradients(policy.compute_gradients(loss_batch(np.random.default_rng(2)))[0])
+    assert_mirrors()
+    policy.set_weights(make_policy(model=model, hiddens=hiddens, dueling=dueling, seed=9).get_weights())
+    assert_mirrors()
+
+
+def test_numpy_q_is_optional_and_only_for_plain_mlp_q_models() -> None:
+    assert make_policy(numpy_acting=False).numpy_q is None
+    image = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)
+    conv = DQNPolicy(image, gym.spaces.Discrete(2), DQNConfig(seed=0, hiddens=(8,), model=ModelConfig(
+        hidden_sizes=(8,), conv_filters=((4, 3, 2),))))
+    assert conv.numpy_q is None  # a CNN acts through torch
+    torch_only, mirrored = make_policy(numpy_acting=False), make_policy()
+    obs = np.random.default_rng(3).uniform(-1, 1, (50, 4)).astype(np.float32)
+    np.testing.assert_allclose(mirrored.q_values(obs), torch_only.q_values(obs), rtol=1e-5, atol=1e-5)
+    greedy_torch, greedy_numpy = torch_only.compute_actions(obs, False)[0], mirrored.compute_actions(obs, False)[0]
+    np.testing.assert_array_equal(greedy_numpy, greedy_torch)
+
+
 def test_epsilon_follows_the_broadcast_timestep_in_a_plan() -> None:
     config = dataclasses.replace(SMALL, epsilon_timesteps=1000)
     workers = WorkerSet(policy_class=DQNPolicy, config=config)
