@@ -223,7 +223,35 @@ def _block_diag(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-class NumpyActing:
+def _linears(seq: nn.Module | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(weight.T, bias)`` numpy views of the Linear layers in ``seq``, in order (none for ``None``)."""
+    return [] if seq is None else [(m.weight.detach().numpy().T, m.bias.detach().numpy())
+                                   for m in seq.modules() if isinstance(m, nn.Linear)]
+
+
+class _NumpyMirror:
+    """The part of a numpy mirror that stays in step with a torch model: :meth:`_refresh` calls :meth:`_read`
+    whenever a parameter's version counter has moved since the last read, or after :meth:`invalidate`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = list(model.parameters())
+        self._versions: tuple[int, ...] = ()
+
+    def invalidate(self) -> None:
+        """Re-read the parameters at the next call."""
+        self._versions = ()
+
+    def _refresh(self) -> None:
+        versions = tuple(p._version for p in self.params)
+        if versions != self._versions:
+            self._read()
+            self._versions = versions
+
+    def _read(self) -> None:
+        raise NotImplementedError
+
+
+class NumpyActing(_NumpyMirror):
     """Acting with an MLP :class:`ActorCriticModel` in numpy, for small CPU batches.
 
     A rollout worker computes actions for a few envs at a time, where torch's per-op dispatch (tens
@@ -245,10 +273,9 @@ class NumpyActing:
     """
 
     def __init__(self, model: ActorCriticModel, dist_class: type[ActionDistribution], activation: str) -> None:
+        super().__init__(model)
         self.model, self.dist_class = model, dist_class
         self.activation = _NP_ACTIVATIONS[activation]
-        self.params = list(model.parameters())
-        self._versions: tuple[int, ...] = ()
         self._layers: list[tuple[np.ndarray, np.ndarray]] = []  # fused [pi | vf] layers, then the heads
 
     @staticmethod
@@ -263,22 +290,10 @@ class NumpyActing:
             return None  # side-by-side trunks double the work of wide layers; torch is as fast there
         return NumpyActing(model, dist_class, model.activation_name)
 
-    def invalidate(self) -> None:
-        """Re-read the parameters at the next call."""
-        self._versions = ()
-
-    def _refresh(self) -> None:
-        versions = tuple(p._version for p in self.params)
-        if versions == self._versions:
-            return
+    def _read(self) -> None:
         model = self.model
-
-        def linears(seq: nn.Module | None) -> list[tuple[np.ndarray, np.ndarray]]:
-            return [] if seq is None else [(m.weight.detach().numpy().T, m.bias.detach().numpy())
-                                           for m in seq.modules() if isinstance(m, nn.Linear)]
-
-        pi, vf = linears(model.pi_trunk), linears(model.vf_trunk)
-        heads = linears(model.pi_head) + linears(model.vf_head)
+        pi, vf = _linears(model.pi_trunk), _linears(model.vf_trunk)
+        heads = _linears(model.pi_head) + _linears(model.vf_head)
         if vf:  # separate trunks side by side: [pi | vf] features through block-diagonal layers
             fused = [(np.concatenate([pi[0][0], vf[0][0]], 1), np.concatenate([pi[0][1], vf[0][1]]))]
             fused += [(_block_diag(p[0], v[0]), np.concatenate([p[1], v[1]])) for p, v in zip(pi[1:], vf[1:])]
@@ -286,7 +301,6 @@ class NumpyActing:
         else:
             fused, head_w = pi, np.concatenate([heads[0][0], heads[1][0]], 1)
         self._layers = [*fused, (head_w, np.concatenate([heads[0][1], heads[1][1]]))]
-        self._versions = versions
 
     def forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(action_dist_inputs [B, A], values [B])`` as float32, equal to the model's forward."""

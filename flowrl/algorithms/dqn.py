@@ -35,7 +35,8 @@ from torch import nn
 from flowrl.algorithms import Algorithm
 from flowrl.config import ModelConfig, PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
-from flowrl.models import _ACTIVATIONS, _NP_ACTIVATIONS, _block_diag, _ConvEncoder, _mlp
+from flowrl.models import (_ACTIVATIONS, _NP_ACTIVATIONS, _block_diag, _ConvEncoder, _linears, _mlp,
+                           _NumpyMirror)
 from flowrl.ops import (Concurrently, MultiGPUTrainOneStep, ParallelRollouts, Replay, StandardMetricsReporting,
                         StoreToReplayBuffer, TrainOneStep, UpdatePriorities, UpdateTargetNetwork)
 from flowrl.policy import Policy, TensorBatch, column_tensor, make_adam
@@ -213,7 +214,7 @@ class QModel(nn.Module):
         return value_B1 + advantages_BA - advantages_BA.mean(dim=-1, keepdim=True)
 
 
-class NumpyQ:
+class NumpyQ(_NumpyMirror):
     """``Q(obs, .)`` of an MLP :class:`QModel` in numpy, for the small CPU batches that acting works on.
 
     A worker acts on a few envs at a time, where torch's per-op dispatch costs several times the arithmetic
@@ -233,10 +234,9 @@ class NumpyQ:
     """
 
     def __init__(self, model: QModel) -> None:
+        super().__init__(model)
         self.model = model
         self.activation = _NP_ACTIVATIONS[model.activation_name]
-        self.params = list(model.parameters())
-        self._versions: tuple[int, ...] = ()
         self._torso: list[tuple[np.ndarray, np.ndarray]] = []
         self._heads: list[tuple[np.ndarray, np.ndarray]] = []  # [advantages | value] side by side, then Q
 
@@ -249,31 +249,20 @@ class NumpyQ:
             return None
         return NumpyQ(model)
 
-    def invalidate(self) -> None:
-        """Re-read the parameters at the next call."""
-        self._versions = ()
-
-    def _refresh(self) -> None:
-        versions = tuple(p._version for p in self.params)
-        if versions == self._versions:
-            return
-
-        def linears(seq: nn.Module | None) -> list[tuple[np.ndarray, np.ndarray]]:
-            return [] if seq is None else [(m.weight.detach().numpy().T, m.bias.detach().numpy())
-                                           for m in seq.modules() if isinstance(m, nn.Linear)]
-
-        advantage, value = linears(self.model.advantage), linears(self.model.value)
+    def _read(self) -> None:
+        advantage, value = _linears(self.model.advantage), _linears(self.model.value)
         heads = advantage
         if value:  # both heads read the torso's features: their hidden layers side by side, block-diagonal
             (*hidden_a, (w_a, b_a)), (*hidden_v, (w_v, b_v)) = advantage, value
             heads = [(np.concatenate([a[0], v[0]], 1), np.concatenate([a[1], v[1]])) for a, v in
                      zip(hidden_a[:1], hidden_v[:1])]
-            heads += [(_block_diag(a[0], v[0]), np.concatenate([a[1], v[1]])) for a, v in zip(hidden_a[1:], hidden_v[1:])]
+            heads += [(_block_diag(a[0], v[0]), np.concatenate([a[1], v[1]]))
+                      for a, v in zip(hidden_a[1:], hidden_v[1:])]
             # Q = V + A - mean(A) is linear in the last layers' weights: fold it into one [features, A] layer
             w_a, b_a = w_a - w_a.mean(axis=1, keepdims=True), b_a - b_a.mean() + b_v
             w_q = np.concatenate([w_a, np.repeat(w_v, w_a.shape[1], axis=1)]) if hidden_a else w_a + w_v
             heads.append((w_q, b_a))
-        self._torso, self._heads, self._versions = linears(self.model.torso), heads, versions
+        self._torso, self._heads = _linears(self.model.torso), heads
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """``Q(obs, .)`` ``[B, A]`` as float32, equal to the model's forward."""
