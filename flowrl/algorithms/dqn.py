@@ -393,11 +393,14 @@ class DQNPolicy(Policy):
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        q_BA = self.model(batch[OBS])
+        if cfg.double_q:  # the online network on obs and next_obs in one pass (small batches: dispatch-bound)
+            q_BA, online_next_q_BA = self.model(torch.cat([batch[OBS], batch[NEXT_OBS]])).chunk(2)
+        else:
+            q_BA = online_next_q_BA = self.model(batch[OBS])
         q_B = q_BA.gather(1, batch[ACTIONS].long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             target_q_BA = self.target_model(batch[NEXT_OBS])
-            best_B = (self.model(batch[NEXT_OBS]) if cfg.double_q else target_q_BA).argmax(dim=1, keepdim=True)
+            best_B = (online_next_q_BA if cfg.double_q else target_q_BA).argmax(dim=1, keepdim=True)
             next_q_B = target_q_BA.gather(1, best_B).squeeze(1)
             if NSTEP_DISCOUNTS in batch:
                 discounts_B = batch[NSTEP_DISCOUNTS].float()
