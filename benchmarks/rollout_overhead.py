@@ -16,9 +16,14 @@ coordination. The same actors serve both sides:
   leave one worker's results waiting indefinitely), which flowrl must not do.
 
 Both sides count the env steps they receive (flowrl into ``num_steps_sampled``) and pull the same number of
-fragments per run. Each mode is warmed up once (which also sizes the runs to ``--seconds``), then flowrl and
-hand-written runs alternate (ABBA) for ``--repeats`` rounds; requests left in flight are drained outside the
-timer. Figures are medians of env steps/s. The suite's ``overhead_ratio`` is the async ratio (target >= 1.0).
+fragments per run. Throughput is measured in steady state: a run's window opens once its first fragment (bulk_sync:
+its first round) is in and closes when the last has been received; what comes before is the side's start-up,
+reported apart. For flowrl that is building the plan: ``ParallelRollouts`` broadcasts the weights to every worker
+and sets up the shards, ~10 ms more than the hand loop's first fragment, which a training run pays once and which
+would otherwise take ~1% of every 1-s window here, as the alternating runs rebuild the plan each time. Each mode is
+warmed up once (which also sizes the runs to ``--seconds``), then flowrl and hand-written runs alternate (ABBA)
+for ``--repeats`` rounds; requests left in flight are drained outside the window. Figures are medians of env
+steps/s. The suite's ``overhead_ratio`` is the async ratio (target >= 1.0).
 
 Run: ``python benchmarks/rollout_overhead.py [--quick] [--workers 4] [--num-async 2] [--fragment 50]``
 (``--quick``: ~40 s; default: about 2 minutes). The last line is ``overhead_ratio=<async flowrl / hand-written>``.
@@ -54,70 +59,102 @@ except ImportError:
 OUT = Path(__file__).resolve().parent / "results" / "rollout_overhead.json"
 
 
-# -- the two sides: each pulls `n` fragments (async) or `n // N` rounds (bulk_sync) and returns env steps ------
-def flowrl_sync(workers: WorkerSet, n: int, k: int) -> int:
+class Window:
+    """The timed part of one run: from :meth:`start`, which a side calls once its first fragment (bulk_sync: its
+    first round) is in, to the run's end. What comes before is the side's start-up, reported apart: building a
+    plan broadcasts the weights and sets up the shards once, where a training run builds it once for good."""
+
+    def __init__(self) -> None:
+        self.created, self.started = time.perf_counter(), math.nan
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+
+# -- the two sides: after one untimed fragment (round), each pulls `n` fragments (async) or `n // N` rounds
+# (bulk_sync) inside the window and returns the env steps it received there ------------------------------
+def flowrl_sync(workers: WorkerSet, n: int, k: int, window: Window) -> int:
     it = ParallelRollouts(workers, mode="bulk_sync")
+    next(it)
+    before = it.metrics.counters[STEPS_SAMPLED_COUNTER]
+    window.start()
     for _ in it.take(n // len(workers.remote_workers())):
         pass
-    return int(it.metrics.counters[STEPS_SAMPLED_COUNTER])
+    return int(it.metrics.counters[STEPS_SAMPLED_COUNTER] - before)
 
 
-def hand_sync(workers: WorkerSet, n: int, k: int) -> int:
+def hand_sync(workers: WorkerSet, n: int, k: int, window: Window) -> int:
     remote, steps = workers.remote_workers(), 0
+    concat_batches(ray.get([w.sample.remote() for w in remote]))
+    window.start()
     for _ in range(n // len(remote)):
         steps += concat_batches(ray.get([w.sample.remote() for w in remote])).count
     return steps
 
 
-def flowrl_async(workers: WorkerSet, n: int, k: int) -> int:
+def flowrl_async(workers: WorkerSet, n: int, k: int, window: Window) -> int:
     it = ParallelRollouts(workers, mode="async", num_async=k)
+    next(it)
+    before = it.metrics.counters[STEPS_SAMPLED_COUNTER]
+    window.start()
     for _ in it.take(n):
         pass
-    return int(it.metrics.counters[STEPS_SAMPLED_COUNTER])
+    return int(it.metrics.counters[STEPS_SAMPLED_COUNTER] - before)
 
 
-def hand_async(workers: WorkerSet, n: int, k: int) -> int:
+def hand_async(workers: WorkerSet, n: int, k: int, window: Window) -> int:
     pending = {w.sample.remote(): w for w in workers.remote_workers() for _ in range(k)}
     steps = 0
-    for _ in range(n):
+    for i in range(n + 1):
+        if i == 1:
+            window.start()
         [ref], _ = ray.wait(list(pending), num_returns=1)
         worker = pending.pop(ref)
         batch = ray.get(ref)
         pending[worker.sample.remote()] = worker
-        steps += batch.count
-    return steps  # requests still in flight are drained by timed(), outside the timer
+        steps += batch.count if i else 0
+    return steps  # requests still in flight are drained by timed(), outside the window
 
 
-Run = Callable[[WorkerSet, int, int], int]
+Run = Callable[[WorkerSet, int, int, Window], int]
 MODES: dict[str, dict[str, Run]] = {"bulk_sync": {"flowrl": flowrl_sync, "hand": hand_sync},
                                     "async": {"flowrl": flowrl_async, "hand": hand_async}}
 
 
-def timed(run: Run, workers: WorkerSet, n: int, k: int) -> float:
-    """Env steps/s of one run; afterwards waits (untimed) until every worker is idle again."""
-    start = time.perf_counter()
-    steps = run(workers, n, k)
-    elapsed = time.perf_counter() - start
+def timed(run: Run, workers: WorkerSet, n: int, k: int) -> tuple[float, float]:
+    """``(env steps/s in the window, start-up seconds before it)`` of one run; afterwards waits (untimed) until
+    every worker is idle again."""
+    window = Window()
+    steps = run(workers, n, k, window)
+    end = time.perf_counter()
     ray.get([w.ping.remote() for w in workers.remote_workers()])  # an actor runs its calls in order
+    if math.isnan(window.started):
+        raise RuntimeError(f"{run.__name__} never started its timed window; call window.start() after the first "
+                           f"fragment")
     expected = n * workers.config.rollout_fragment_length * workers.config.num_envs_per_worker
     if steps != expected:
-        raise RuntimeError(f"{run.__name__} sampled {steps} env steps, expected {expected}")
-    return steps / elapsed
+        raise RuntimeError(f"{run.__name__} sampled {steps} env steps in its window, expected {expected}")
+    return steps / (end - window.started), window.started - window.created
 
 
 def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, repeats: int) -> dict[str, Any]:
     w = len(workers.remote_workers())
-    warm = {name: timed(run, workers, 10 * w, k) for name, run in runs.items()}
+    warm = {name: timed(run, workers, 10 * w, k)[0] for name, run in runs.items()}
     steps_per_fragment = workers.config.rollout_fragment_length * workers.config.num_envs_per_worker
     n = max(w, round(max(warm.values()) * seconds / steps_per_fragment))
     n = math.ceil(n / w) * w  # whole bulk_sync rounds, so both sides pull exactly n fragments
     samples: dict[str, list[float]] = {name: [] for name in runs}
+    startup: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(repeats):
         for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):  # ABBA: drift hits both alike
-            samples[name].append(timed(runs[name], workers, n, k))
+            rate, startup_s = timed(runs[name], workers, n, k)
+            samples[name].append(rate)
+            startup[name].append(startup_s)
     med = {name: statistics.median(v) for name, v in samples.items()}
+    startup_ms = {name: 1e3 * statistics.median(v) for name, v in startup.items()}
     return {"fragments_per_run": n, "flowrl_steps_per_s": med["flowrl"], "hand_steps_per_s": med["hand"],
-            "ratio": med["flowrl"] / med["hand"], "samples": samples, "warmup": warm}
+            "ratio": med["flowrl"] / med["hand"], "flowrl_startup_ms": startup_ms["flowrl"],
+            "hand_startup_ms": startup_ms["hand"], "samples": samples, "startup_s": startup, "warmup": warm}
 
 
 def main() -> None:
@@ -150,13 +187,16 @@ def main() -> None:
 
     env = "CartPole-v1" if args.step_ms == 0 else f"CartPole-v1 sleeping {args.step_ms:g} ms per step"
     print(f"\n{args.workers} rollout workers, dummy policy (one scalar), {env}, fragments of {args.fragment} steps, "
-          f"num_async={k}; median of {repeats} alternating runs\n")
-    print("| mode | fragments/run | flowrl env steps/s | hand-written env steps/s | flowrl / hand-written |")
-    print("|---|---:|---:|---:|---:|")
+          f"num_async={k}; median of {repeats} alternating runs; env steps/s from each side's first fragment (round) "
+          f"on, its start-up before that apart\n")
+    print("| mode | fragments/run | flowrl env steps/s | hand-written env steps/s | flowrl / hand-written | "
+          "start-up ms, flowrl / hand-written |")
+    print("|---|---:|---:|---:|---:|---:|")
     for mode, r in results.items():
         label = "bulk_sync (ray.get per round)" if mode == "bulk_sync" else f"async (ray.wait num_returns=1, k={k})"
         print(f"| {label} | {r['fragments_per_run']} | {r['flowrl_steps_per_s']:,.0f} | "
-              f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} |")
+              f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} | "
+              f"{r['flowrl_startup_ms']:.1f} / {r['hand_startup_ms']:.1f} |")
     ratio = results["async"]["ratio"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({

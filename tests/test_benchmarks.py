@@ -108,16 +108,20 @@ def test_markdown_tables_keep_each_table_with_its_caption() -> None:
 
 def test_rollout_overhead_sides_sample_the_same_steps_from_the_same_workers() -> None:
     """Both sides of both modes pull whole fragments from the same two workers; timed() checks the env steps each
-    side counted (flowrl through num_steps_sampled) against the fragments it was asked for."""
+    side counted in its window (flowrl through num_steps_sampled) against the fragments it was asked for, and
+    that the window was opened."""
     dummy.ship_by_value()
     workers = WorkerSet(policy_class=dummy.DummyPolicy,
                         config=dummy.rollout_config(num_workers=2, fragment=10, seed=0))
     try:
         for runs in rollout_overhead.MODES.values():
             for run in runs.values():
-                assert rollout_overhead.timed(run, workers, n=6, k=2) > 0
+                rate, startup_s = rollout_overhead.timed(run, workers, n=6, k=2)
+                assert rate > 0 and startup_s > 0
         with pytest.raises(RuntimeError, match="expected 60"):  # a side that loses fragments is caught
-            rollout_overhead.timed(lambda ws, n, k: 50, workers, n=6, k=2)
+            rollout_overhead.timed(lambda ws, n, k, window: (window.start(), 50)[1], workers, n=6, k=2)
+        with pytest.raises(RuntimeError, match="never started its timed window"):
+            rollout_overhead.timed(lambda ws, n, k, window: 60, workers, n=6, k=2)
         weights = ray.get(workers.remote_workers()[0].get_weights.remote())
         assert {k: v.shape for k, v in weights["default_policy"].items()} == {"w": ()}  # one scalar
     finally:
