@@ -23,7 +23,9 @@ and sets up the shards, ~10 ms more than the hand loop's first fragment, which a
 would otherwise take ~1% of every 1-s window here, as the alternating runs rebuild the plan each time. Each mode is
 warmed up once (which also sizes the runs to ``--seconds``), then flowrl and hand-written runs alternate (ABBA)
 for ``--repeats`` rounds; requests left in flight are drained outside the window. Figures are medians of env
-steps/s. The suite's ``overhead_ratio`` is the async ratio (target >= 1.0).
+steps/s. The suite's ``overhead_ratio`` is the async ratio (target >= 1.0). Beside it, each side's driver CPU time
+per fragment in the window (all the driver's threads, Ray's included): the coordination cost itself, which moves
+far less from run to run than throughput on a machine whose workers take ~85% of the CPU.
 
 Run: ``python benchmarks/rollout_overhead.py [--quick] [--workers 4] [--num-async 2] [--fragment 50]``
 (``--quick``: ~40 s; default: about 2 minutes). The last line is ``overhead_ratio=<async flowrl / hand-written>``.
@@ -65,10 +67,10 @@ class Window:
     plan broadcasts the weights and sets up the shards once, where a training run builds it once for good."""
 
     def __init__(self) -> None:
-        self.created, self.started = time.perf_counter(), math.nan
+        self.created, self.started, self.started_cpu = time.perf_counter(), math.nan, math.nan
 
     def start(self) -> None:
-        self.started = time.perf_counter()
+        self.started, self.started_cpu = time.perf_counter(), time.process_time()
 
 
 # -- the two sides: after one untimed fragment (round), each pulls `n` fragments (async) or `n // N` rounds
@@ -121,12 +123,13 @@ MODES: dict[str, dict[str, Run]] = {"bulk_sync": {"flowrl": flowrl_sync, "hand":
                                     "async": {"flowrl": flowrl_async, "hand": hand_async}}
 
 
-def timed(run: Run, workers: WorkerSet, n: int, k: int) -> tuple[float, float]:
-    """``(env steps/s in the window, start-up seconds before it)`` of one run; afterwards waits (untimed) until
-    every worker is idle again."""
+def timed(run: Run, workers: WorkerSet, n: int, k: int) -> tuple[float, float, float]:
+    """``(env steps/s in the window, start-up seconds before it, driver CPU seconds per fragment in it)`` of one
+    run; afterwards waits (untimed) until every worker is idle again. The driver's CPU time counts all its threads
+    (Ray's own included): on a machine that the workers keep busy, it is CPU taken from them."""
     window = Window()
     steps = run(workers, n, k, window)
-    end = time.perf_counter()
+    end, end_cpu = time.perf_counter(), time.process_time()
     ray.get([w.ping.remote() for w in workers.remote_workers()])  # an actor runs its calls in order
     if math.isnan(window.started):
         raise RuntimeError(f"{run.__name__} never started its timed window; call window.start() after the first "
@@ -134,7 +137,7 @@ def timed(run: Run, workers: WorkerSet, n: int, k: int) -> tuple[float, float]:
     expected = n * workers.config.rollout_fragment_length * workers.config.num_envs_per_worker
     if steps != expected:
         raise RuntimeError(f"{run.__name__} sampled {steps} env steps in its window, expected {expected}")
-    return steps / (end - window.started), window.started - window.created
+    return steps / (end - window.started), window.started - window.created, (end_cpu - window.started_cpu) / n
 
 
 def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, repeats: int) -> dict[str, Any]:
@@ -145,16 +148,21 @@ def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, re
     n = math.ceil(n / w) * w  # whole bulk_sync rounds, so both sides pull exactly n fragments
     samples: dict[str, list[float]] = {name: [] for name in runs}
     startup: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     for rep in range(repeats):
         for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):  # ABBA: drift hits both alike
-            rate, startup_s = timed(runs[name], workers, n, k)
+            rate, startup_s, cpu_s = timed(runs[name], workers, n, k)
             samples[name].append(rate)
             startup[name].append(startup_s)
+            cpu[name].append(cpu_s)
     med = {name: statistics.median(v) for name, v in samples.items()}
     startup_ms = {name: 1e3 * statistics.median(v) for name, v in startup.items()}
+    cpu_us = {name: 1e6 * statistics.median(v) for name, v in cpu.items()}
     return {"fragments_per_run": n, "flowrl_steps_per_s": med["flowrl"], "hand_steps_per_s": med["hand"],
             "ratio": med["flowrl"] / med["hand"], "flowrl_startup_ms": startup_ms["flowrl"],
-            "hand_startup_ms": startup_ms["hand"], "samples": samples, "startup_s": startup, "warmup": warm}
+            "hand_startup_ms": startup_ms["hand"], "flowrl_driver_cpu_us_per_fragment": cpu_us["flowrl"],
+            "hand_driver_cpu_us_per_fragment": cpu_us["hand"], "samples": samples, "startup_s": startup,
+            "driver_cpu_s_per_fragment": cpu, "warmup": warm}
 
 
 def main() -> None:
@@ -190,13 +198,13 @@ def main() -> None:
           f"num_async={k}; median of {repeats} alternating runs; env steps/s from each side's first fragment (round) "
           f"on, its start-up before that apart\n")
     print("| mode | fragments/run | flowrl env steps/s | hand-written env steps/s | flowrl / hand-written | "
-          "start-up ms, flowrl / hand-written |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "driver CPU us/fragment, flowrl / hand-written | start-up ms, flowrl / hand-written |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for mode, r in results.items():
         label = "bulk_sync (ray.get per round)" if mode == "bulk_sync" else f"async (ray.wait num_returns=1, k={k})"
         print(f"| {label} | {r['fragments_per_run']} | {r['flowrl_steps_per_s']:,.0f} | "
-              f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} | "
-              f"{r['flowrl_startup_ms']:.1f} / {r['hand_startup_ms']:.1f} |")
+              f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} | {r['flowrl_driver_cpu_us_per_fragment']:.0f} / "
+              f"{r['hand_driver_cpu_us_per_fragment']:.0f} | {r['flowrl_startup_ms']:.1f} / {r['hand_startup_ms']:.1f} |")
     ratio = results["async"]["ratio"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({

@@ -116,8 +116,8 @@ def test_rollout_overhead_sides_sample_the_same_steps_from_the_same_workers() ->
     try:
         for runs in rollout_overhead.MODES.values():
             for run in runs.values():
-                rate, startup_s = rollout_overhead.timed(run, workers, n=6, k=2)
-                assert rate > 0 and startup_s > 0
+                rate, startup_s, cpu_s = rollout_overhead.timed(run, workers, n=6, k=2)
+                assert rate > 0 and startup_s > 0 and cpu_s > 0
         with pytest.raises(RuntimeError, match="expected 60"):  # a side that loses fragments is caught
             rollout_overhead.timed(lambda ws, n, k, window: (window.start(), 50)[1], workers, n=6, k=2)
         with pytest.raises(RuntimeError, match="never started its timed window"):
