@@ -229,6 +229,17 @@ def _linears(seq: nn.Module | None) -> list[tuple[np.ndarray, np.ndarray]]:
                                    for m in seq.modules() if isinstance(m, nn.Linear)]
 
 
+def _np_dense(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]],
+              activation: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
+    """``x`` through ``(weight.T, bias)`` layers in float32, ``activation`` after each (none: linear)."""
+    for w, b in layers:
+        x = x @ w
+        x += b  # in place: x is a fresh array
+        if activation is not None:
+            x = activation(x)
+    return x
+
+
 class _NumpyMirror:
     """The part of a numpy mirror that stays in step with a torch model: :meth:`_refresh` calls :meth:`_read`
     whenever a parameter's version counter has moved since the last read, or after :meth:`invalidate`."""
@@ -305,14 +316,8 @@ class NumpyActing(_NumpyMirror):
     def forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(action_dist_inputs [B, A], values [B])`` as float32, equal to the model's forward."""
         self._refresh()
-        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
-        for w, b in self._layers[:-1]:
-            x = x @ w
-            x += b  # in place: x is a fresh array
-            x = self.activation(x)
-        w, b = self._layers[-1]
-        out = x @ w
-        out += b
+        x = _np_dense(np.asarray(obs, np.float32).reshape(len(obs), -1), self._layers[:-1], self.activation)
+        out = _np_dense(x, self._layers[-1:], None)
         dist_inputs = out[:, :-1]
         if self.model.free_params is not None:
             free = self.model.free_params.detach().numpy()

@@ -35,7 +35,7 @@ from torch import nn
 from flowrl.algorithms import Algorithm
 from flowrl.config import ModelConfig, PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
-from flowrl.models import (_ACTIVATIONS, _NP_ACTIVATIONS, _block_diag, _ConvEncoder, _linears, _mlp,
+from flowrl.models import (_ACTIVATIONS, _NP_ACTIVATIONS, _block_diag, _ConvEncoder, _linears, _mlp, _np_dense,
                            _NumpyMirror)
 from flowrl.ops import (Concurrently, MultiGPUTrainOneStep, ParallelRollouts, Replay, StandardMetricsReporting,
                         StoreToReplayBuffer, TrainOneStep, UpdatePriorities, UpdateTargetNetwork)
@@ -46,8 +46,8 @@ from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERM
                                  AnyBatch, SampleBatch)
 from flowrl.workers import WorkerSet
 
-__all__ = ["DQNConfig", "QModel", "NumpyQ", "DQNPolicy", "NSTEP_DISCOUNTS", "make_replay_buffer", "make_owned_state", "plan",
-           "ALGORITHM"]
+__all__ = ["DQNConfig", "QModel", "NumpyQ", "DQNPolicy", "NSTEP_DISCOUNTS", "make_replay_buffer", "make_owned_state",
+           "plan", "ALGORITHM"]
 
 NSTEP_DISCOUNTS = "nstep_discounts"  # gamma^m of each row's n-step window, 0 where the window terminated
 
@@ -267,19 +267,9 @@ class NumpyQ(_NumpyMirror):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """``Q(obs, .)`` ``[B, A]`` as float32, equal to the model's forward."""
         self._refresh()
-        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
-        for w, b in self._torso:
-            x = x @ w
-            x += b  # in place: x is a fresh array
-            x = self.activation(x)
-        for w, b in self._heads[:-1]:
-            x = x @ w
-            x += b
-            np.maximum(x, 0, out=x)  # the heads' hidden layers are ReLU (QModel)
-        w, b = self._heads[-1]
-        q: np.ndarray = x @ w
-        q += b
-        return q
+        x = _np_dense(np.asarray(obs, np.float32).reshape(len(obs), -1), self._torso, self.activation)
+        x = _np_dense(x, self._heads[:-1], _NP_ACTIVATIONS["relu"])  # the heads' hidden layers are ReLU (QModel)
+        return _np_dense(x, self._heads[-1:], None)
 
 
 class DQNPolicy(Policy):
