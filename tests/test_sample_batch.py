@@ -94,3 +94,53 @@ def test_multi_agent_batch_counts_and_concat() -> None:
         MultiAgentBatch({}, env_steps=-1)
     with pytest.raises(ValueError, match="SampleBatch"):
         MultiAgentBatch({"p": {"a": [1]}}, env_steps=1)  # type: ignore[dict-item]
+
+
+# -- pickling: small batches travel as one buffer, large ones column by column ---------------------------------
+_DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int8, np.uint8, np.bool_, np.complex64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 30), picks=st.lists(st.tuples(st.sampled_from(_DTYPES), st.integers(0, 3)), min_size=1,
+                                            max_size=6),
+       order=st.sampled_from(["C", "F", "strided"]))
+def test_pickle_round_trips_every_column_exactly(n: int, picks: list[tuple[type, int]], order: str) -> None:
+    import pickle
+    rng = np.random.default_rng(n)
+    columns = {}
+    for i, (dtype, width) in enumerate(picks):
+        shape = (n,) if width == 0 else (n, width, 2)
+        x = (rng.normal(size=(2 * n, *shape[1:])) * 50).astype(dtype)
+        x = x[::2] if order == "strided" else x[:n]
+        columns[f"c{i}"] = np.asfortranarray(x) if order == "F" else x
+    batch = SampleBatch(columns)
+    for protocol in (2, pickle.HIGHEST_PROTOCOL):
+        back = pickle.loads(pickle.dumps(batch, protocol=protocol))
+        assert type(back) is SampleBatch and list(back) == list(batch)
+        for k, v in batch.items():
+            assert back[k].dtype == v.dtype and back[k].shape == v.shape
+            np.testing.assert_array_equal(back[k], v)
+            assert back[k].flags.writeable and back[k].ctypes.data % back[k].dtype.alignment == 0
+
+
+def test_small_batches_pickle_as_one_buffer_and_large_ones_out_of_band() -> None:
+    import pickle
+
+    from flowrl.sample_batch import PACK_MAX_BYTES
+
+    def out_of_band(batch: SampleBatch) -> int:
+        buffers: list[pickle.PickleBuffer] = []
+        pickle.loads(pickle.dumps(batch, protocol=5, buffer_callback=buffers.append), buffers=buffers)
+        return len(buffers)
+
+    small = make_batch(50)
+    back = pickle.loads(pickle.dumps(small, protocol=5))
+    back[REWARDS][0] = 7.0  # writable, and the columns (views of one buffer) do not overlap
+    assert back[REWARDS].tolist() == [7.0] + [1.0] * 49 and back[ACTIONS].tolist() == list(range(50))
+    assert out_of_band(small) == 0
+    rows = PACK_MAX_BYTES // 8 + 1
+    big = SampleBatch({OBS: np.zeros((rows, 2), np.float32), REWARDS: np.zeros(rows)})
+    assert out_of_band(big) == 2  # numpy's zero-copy buffers, one per column
+    objects = SampleBatch({"info": np.array([{"a": 1}, None], dtype=object), REWARDS: np.ones(2)})
+    back = pickle.loads(pickle.dumps(objects, protocol=5))
+    assert back["info"].tolist() == [{"a": 1}, None] and back == objects
