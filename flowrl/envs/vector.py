@@ -188,6 +188,8 @@ class _LoopImpl(_PerEnvState):
             self.close()
             raise
         self._discrete_actions = isinstance(self.action_space, gymnasium.spaces.Discrete)
+        probe = _empty_batch(self.observation_space, len(self.envs))
+        self._obs_shape, self._obs_dtype = probe.shape, probe.dtype
 
     def _recorders(self) -> list[EpisodeRecorder]:
         return self.envs
@@ -199,21 +201,23 @@ class _LoopImpl(_PerEnvState):
         return obs
 
     def step(self, actions: npt.NDArray[Any]) -> _StepArrays:
-        n = len(self.envs)
+        # Python lists, one array each at the end: a numpy item assignment per env and field costs more
+        # than the env step of a cheap simulator such as CartPole.
         acts: list[Any] = actions.tolist() if self._discrete_actions else list(actions)
-        final = _empty_batch(self.observation_space, n)
-        obs = _empty_batch(self.observation_space, n)
-        rewards = np.empty(n, dtype=np.float32)
-        terminateds = np.empty(n, dtype=np.bool_)
-        truncateds = np.empty(n, dtype=np.bool_)
+        final = np.empty(self._obs_shape, self._obs_dtype)
+        obs = np.empty(self._obs_shape, self._obs_dtype)
+        rewards, terminateds, truncateds = [], [], []
         for i, env in enumerate(self.envs):
             o, r, te, tr, _ = env.step(acts[i])
             final[i] = o
-            rewards[i], terminateds[i], truncateds[i] = float(r), te, tr
+            rewards.append(float(r))
+            terminateds.append(bool(te))
+            truncateds.append(bool(tr))
             if te or tr:
                 o, _ = env.reset()
             obs[i] = o
-        return obs, final, rewards, terminateds, truncateds
+        return (obs, final, np.array(rewards, dtype=np.float32), np.array(terminateds, dtype=np.bool_),
+                np.array(truncateds, dtype=np.bool_))
 
     def close(self) -> None:
         for env in self.envs:
@@ -488,7 +492,8 @@ class VectorEnv:
                 raise ValueError(f"actions.dtype={acts.dtype}; {self.action_space} needs integer actions "
                                  f"(cast with actions.astype(np.int64))")
             low, high = self._action_range
-            if int(acts.min()) < low or int(acts.max()) >= high:
+            listed = acts.tolist() if self.num_envs <= 64 else [int(acts.min()), int(acts.max())]  # ~0.3 vs 5 us
+            if min(listed) < low or max(listed) >= high:
                 raise ValueError(f"actions {acts.tolist()} fall outside {self.action_space} (valid: {low}..{high - 1})")
         else:
             acts = acts.astype(self.action_space.dtype, copy=False)
@@ -496,13 +501,13 @@ class VectorEnv:
         self._returns += rewards
         self._lengths += 1
         episodes: list[EpisodeRecord] = []
-        done = terminateds | truncateds
-        if done.any():
-            for i in np.flatnonzero(done).tolist():
+        ended = np.flatnonzero(terminateds | truncateds).tolist()
+        if ended:
+            for i in ended:
                 episodes.append(EpisodeRecord(env_index=i, episode_return=float(self._returns[i]),
                                               episode_length=int(self._lengths[i])))
-            self._returns[done] = 0.0
-            self._lengths[done] = 0
+            self._returns[ended] = 0.0
+            self._lengths[ended] = 0
         self._obs = obs
         return VectorStep(obs=obs.copy(), final_obs=final, rewards=rewards, terminateds=terminateds,
                           truncateds=truncateds, episodes=episodes)
