@@ -34,6 +34,7 @@ Run: ``python benchmarks/rollout_overhead.py [--quick] [--workers 4] [--num-asyn
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -80,7 +81,7 @@ def flowrl_sync(workers: WorkerSet, n: int, k: int, window: Window) -> int:
     next(it)
     before = it.metrics.counters[STEPS_SAMPLED_COUNTER]
     window.start()
-    for _ in it.take(n // len(workers.remote_workers())):
+    for _ in itertools.islice(it, n // len(workers.remote_workers())):  # not take(): that would keep them all
         pass
     return int(it.metrics.counters[STEPS_SAMPLED_COUNTER] - before)
 
@@ -99,7 +100,7 @@ def flowrl_async(workers: WorkerSet, n: int, k: int, window: Window) -> int:
     next(it)
     before = it.metrics.counters[STEPS_SAMPLED_COUNTER]
     window.start()
-    for _ in it.take(n):
+    for _ in itertools.islice(it, n):
         pass
     return int(it.metrics.counters[STEPS_SAMPLED_COUNTER] - before)
 
