@@ -85,15 +85,15 @@ def _pack_columns(columns: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], t
             tuple(c.shape for c in columns.values()), b"".join(parts))
 
 
-def _unpack_columns(names: tuple[str, ...], dtypes: tuple[str, ...], shapes: tuple[tuple[int, ...], ...],
-                    data: bytes) -> SampleBatch:
-    """The :class:`SampleBatch` that :func:`_pack_columns` laid out: writable arrays over one copy of ``data``."""
+def _unpack_columns(cls: type[SampleBatch], names: tuple[str, ...], dtypes: tuple[str, ...],
+                    shapes: tuple[tuple[int, ...], ...], data: bytes) -> SampleBatch:
+    """The ``cls`` batch that :func:`_pack_columns` laid out: writable arrays over one copy of ``data``."""
     buffer, offset, columns = bytearray(data), 0, {}
     for name, dtype, shape in zip(names, dtypes, shapes):
         column = np.ndarray(shape, dtype, buffer=buffer, offset=offset)
         columns[name] = column
         offset += -(-column.nbytes // _ALIGN) * _ALIGN
-    return SampleBatch._of_checked(columns)
+    return cls._of_checked(columns)
 
 
 class SampleBatch(dict[str, np.ndarray]):
@@ -202,13 +202,14 @@ class SampleBatch(dict[str, np.ndarray]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickles a small batch as one buffer (:func:`_pack_columns`): a Ray call returning a 50-row fragment
-        costs ~0.3 ms less CPU (both ends together) than with numpy's per-array out-of-band buffers. A batch over
-        :data:`PACK_MAX_BYTES`, or with object or structured columns, pickles its columns one by one as before
-        (zero-copy through Ray's object store)."""
+        costs ~0.2 ms less CPU (both ends together, Ray 2.60) than with numpy's per-array out-of-band buffers.
+        A batch over :data:`PACK_MAX_BYTES`, or with object or structured columns, pickles its columns one by
+        one as before (zero-copy through Ray's object store). The class and any instance attributes travel."""
         packed = _pack_columns(self)
+        state = self.__dict__ or None  # attributes a subclass or a caller set travel too
         if packed is None:
-            return SampleBatch._of_checked, (dict(self),)
-        return _unpack_columns, packed
+            return type(self)._of_checked, (dict(self),), state
+        return _unpack_columns, (type(self), *packed), state
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SampleBatch):

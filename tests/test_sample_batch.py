@@ -144,3 +144,16 @@ def test_small_batches_pickle_as_one_buffer_and_large_ones_out_of_band() -> None
     objects = SampleBatch({"info": np.array([{"a": 1}, None], dtype=object), REWARDS: np.ones(2)})
     back = pickle.loads(pickle.dumps(objects, protocol=5))
     assert back["info"].tolist() == [{"a": 1}, None] and back == objects
+
+
+class _TaggedBatch(SampleBatch):
+    pass
+
+
+@pytest.mark.parametrize("rows", [3, 20_000])  # packed, and column by column
+def test_pickle_keeps_the_subclass_and_instance_attributes(rows: int) -> None:
+    import pickle
+    batch = _TaggedBatch({REWARDS: np.arange(float(rows))})
+    batch.source = "worker-3"
+    back = pickle.loads(pickle.dumps(batch, protocol=5))
+    assert type(back) is _TaggedBatch and back.source == "worker-3" and back == batch
