@@ -21,14 +21,16 @@ its first round) is in and closes when the last has been received; what comes be
 reported apart. For flowrl that is building the plan: ``ParallelRollouts`` broadcasts the weights to every worker
 and sets up the shards, ~10 ms more than the hand loop's first fragment, which a training run pays once and which
 would otherwise take ~1% of every 1-s window here, as the alternating runs rebuild the plan each time. Each mode is
-warmed up once (which also sizes the runs to ``--seconds``), then flowrl and hand-written runs alternate (ABBA)
-for ``--repeats`` rounds; requests left in flight are drained outside the window. Figures are medians of env
-steps/s. The suite's ``overhead_ratio`` is the async ratio (target >= 1.0). Beside it, each side's driver CPU time
-per fragment in the window (all the driver's threads, Ray's included): the coordination cost itself, which moves
-far less from run to run than throughput on a machine whose workers take ~85% of the CPU.
+warmed up once (which also sizes the runs to ``--seconds``), then the sides' runs alternate for ``--repeats``
+rounds, each round in the next of the sides' orders (two sides: AB, BA; three: all six in turn); requests left in
+flight are drained outside the window. Figures are medians of env steps/s. The suite's ``overhead_ratio`` is the
+async ratio (target >= 1.0). Async runs a third side, an identical copy of the hand-written loop (``control``):
+``control / hand`` is the noise floor, how far apart two identical sides come out here (0.98-1.02 on 2 cores).
+Beside the ratios, each side's driver CPU time per fragment in the window (all the driver's threads, Ray's
+included): the coordination cost itself, which moves far less from run to run than throughput does.
 
 Run: ``python benchmarks/rollout_overhead.py [--quick] [--workers 4] [--num-async 2] [--fragment 50]``
-(``--quick``: ~40 s; default: about 2 minutes). The last line is ``overhead_ratio=<async flowrl / hand-written>``.
+(``--quick``: ~1 minute; default: ~2.5 minutes). The last line is ``overhead_ratio=<async flowrl / hand-written>``.
 """
 
 from __future__ import annotations
@@ -119,9 +121,16 @@ def hand_async(workers: WorkerSet, n: int, k: int, window: Window) -> int:
     return steps  # requests still in flight are drained by timed(), outside the window
 
 
+def hand_async_control(workers: WorkerSet, n: int, k: int, window: Window) -> int:
+    """The same hand-written loop run as a third side: ``control / hand`` is how far apart two identical sides
+    come out on this machine, the noise floor against which to read ``flowrl / hand``."""
+    return hand_async(workers, n, k, window)
+
+
 Run = Callable[[WorkerSet, int, int, Window], int]
 MODES: dict[str, dict[str, Run]] = {"bulk_sync": {"flowrl": flowrl_sync, "hand": hand_sync},
-                                    "async": {"flowrl": flowrl_async, "hand": hand_async}}
+                                    "async": {"flowrl": flowrl_async, "hand": hand_async,
+                                              "control": hand_async_control}}
 
 
 def timed(run: Run, workers: WorkerSet, n: int, k: int) -> tuple[float, float, float]:
@@ -150,8 +159,9 @@ def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, re
     samples: dict[str, list[float]] = {name: [] for name in runs}
     startup: dict[str, list[float]] = {name: [] for name in runs}
     cpu: dict[str, list[float]] = {name: [] for name in runs}
+    orders = list(itertools.permutations(runs))  # two sides: AB, BA (ABBA); three: the six orders in turn
     for rep in range(repeats):
-        for name in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):  # ABBA: drift hits both alike
+        for name in orders[rep % len(orders)]:  # every side in every position alike: drift hits all alike
             rate, startup_s, cpu_s = timed(runs[name], workers, n, k)
             samples[name].append(rate)
             startup[name].append(startup_s)
@@ -160,7 +170,8 @@ def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, re
     startup_ms = {name: 1e3 * statistics.median(v) for name, v in startup.items()}
     cpu_us = {name: 1e6 * statistics.median(v) for name, v in cpu.items()}
     return {"fragments_per_run": n, "flowrl_steps_per_s": med["flowrl"], "hand_steps_per_s": med["hand"],
-            "ratio": med["flowrl"] / med["hand"], "flowrl_startup_ms": startup_ms["flowrl"],
+            "ratio": med["flowrl"] / med["hand"], "control_ratio": med["control"] / med["hand"] if "control" in med
+            else None, "flowrl_startup_ms": startup_ms["flowrl"],
             "hand_startup_ms": startup_ms["hand"], "flowrl_driver_cpu_us_per_fragment": cpu_us["flowrl"],
             "hand_driver_cpu_us_per_fragment": cpu_us["hand"], "samples": samples, "startup_s": startup,
             "driver_cpu_s_per_fragment": cpu, "warmup": warm}
@@ -173,12 +184,12 @@ def main() -> None:
     parser.add_argument("--fragment", type=int, default=50, help="env steps per sample() (rollout_fragment_length)")
     parser.add_argument("--step-ms", type=float, default=0.0, help="sleep per env step (0: plain CartPole)")
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per run (sized at warm-up)")
-    parser.add_argument("--repeats", type=int, default=7, help="runs per side and mode (medians)")
+    parser.add_argument("--repeats", type=int, default=6, help="runs per side and mode (medians)")
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="Ray's logical CPUs")
-    parser.add_argument("--quick", action="store_true", help="~40 s in all: 5 repeats of ~1 s runs")
+    parser.add_argument("--quick", action="store_true", help="~1 minute in all: 6 repeats of ~1 s runs")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    repeats, seconds = (5, 1.0) if args.quick else (args.repeats, args.seconds)
+    repeats, seconds = (6, 1.0) if args.quick else (args.repeats, args.seconds)
     k = args.num_async
 
     runtime.init(num_cpus=args.num_cpus, log_to_driver=False)
@@ -206,10 +217,13 @@ def main() -> None:
         print(f"| {label} | {r['fragments_per_run']} | {r['flowrl_steps_per_s']:,.0f} | "
               f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} | {r['flowrl_driver_cpu_us_per_fragment']:.0f} / "
               f"{r['hand_driver_cpu_us_per_fragment']:.0f} | {r['flowrl_startup_ms']:.1f} / {r['hand_startup_ms']:.1f} |")
-    ratio = results["async"]["ratio"]
+    ratio, control = results["async"]["ratio"], results["async"]["control_ratio"]
+    print(f"\ncontrol: the hand-written async loop against an identical copy of itself came out at {control:.3f} "
+          f"(the noise floor of the ratio above)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "rollout_overhead", "overhead_ratio": ratio, "bulk_sync_ratio": results["bulk_sync"]["ratio"],
+        "async_control_ratio": control,
         "results": results,
         "params": {"workers": args.workers, "num_async": k, "fragment": args.fragment, "step_ms": args.step_ms,
                    "repeats": repeats, "run_seconds": seconds, "num_cpus": args.num_cpus, "quick": args.quick},
