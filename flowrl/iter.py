@@ -25,6 +25,7 @@ import inspect
 import itertools
 import logging
 import math
+import pickle
 import random
 import time
 import uuid
@@ -75,6 +76,32 @@ class _ShardStatus:
 
 SHARD_END = _ShardStatus("SHARD_END")
 SHARD_SUPERSEDED = _ShardStatus("SHARD_SUPERSEDED")
+
+
+def _no_wire() -> bool:
+    return False
+
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _to_wire(item: Any) -> Any:
+    """An item as a shard answers it: ``bytes`` (one plain pickle) if its type offers ``__flowrl_wire__()`` and
+    that says yes, and for every bytes-like item (which Ray would hand over as plain ``bytes``: a ``bytearray``
+    item would arrive as ``bytes``), so that a ``bytes`` answer is always an encoded item; anything else as it
+    is, for Ray's serialiser (zero-copy numpy, ObjectRefs with their ownership, registered serialisers). Ray
+    passes ``bytes`` through without its own envelope: for a 50-row fragment that saves ~70 us of CPU per answer,
+    both ends together (Ray 2.60, 2 cores). ``__flowrl_wire__`` must say yes only for an instance that plain
+    pickle writes wholly in-band and that unpickles in any process with flowrl (``SampleBatch``: a small batch
+    of flowrl's own class)."""
+    if isinstance(item, _BYTES_LIKE) or getattr(item, "__flowrl_wire__", _no_wire)():
+        return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+    return item
+
+
+def _from_wire(answer: Any) -> Any:
+    """The item that :func:`_to_wire` sent."""
+    return pickle.loads(answer) if type(answer) is bytes else answer
 _NOT_READY = _Signal("_NOT_READY")
 _END = _Signal("_END")
 _UNSET: Any = object()
@@ -857,7 +884,8 @@ class ParallelIteratorWorker:
     Answers are the item (or a list of items) itself, or an explicit status value, ``SHARD_END`` or
     ``SHARD_SUPERSEDED``; end of stream never crosses the wire as an exception. (SEMANTICS.md §2.8
     writes them as ``("ok", item)`` tuples: a tuple costs ~10% of a Ray call on a 2-core machine,
-    so the common answer is the bare item.)
+    so the common answer is the bare item.) Items that offer it travel as one plain pickle
+    (:func:`_to_wire`); the gathers decode them.
     """
 
     def __init__(self, item_source: Any, repeat: bool = False) -> None:
@@ -902,7 +930,7 @@ class ParallelIteratorWorker:
             item = next_item()
             if item is _END:
                 return items if items else SHARD_END
-            items.append(item)
+            items.append(_to_wire(item))
         return items
 
     def par_iter_next(self, generation: Any = None) -> Any:
@@ -915,7 +943,7 @@ class ParallelIteratorWorker:
         if generation is not None and generation != self._par_gen:
             return SHARD_SUPERSEDED
         item = self._par_next()
-        return SHARD_END if item is _END else item
+        return SHARD_END if item is _END else _to_wire(item)
 
     def par_iter_next_batch(self, generation: Any, batch_ms: float) -> Any:
         """A list of items collected for up to ``batch_ms`` (one if 0), or a status value."""
@@ -923,7 +951,7 @@ class ParallelIteratorWorker:
             return SHARD_SUPERSEDED
         if batch_ms <= 0:
             item = self._par_next()
-            return SHARD_END if item is _END else [item]
+            return SHARD_END if item is _END else [_to_wire(item)]
         return self._par_collect(self._par_next, batch_ms)
 
     def par_iter_slice_batch(self, generation: Any, step: int, start: int, batch_ms: float) -> Any:
@@ -1022,7 +1050,7 @@ class _BarrierSource(_GatherSource):
                 self.round = [a.par_iter_next.remote() for a in self.active]
             if not block and len(ray.wait(self.round, num_returns=len(self.round), timeout=0)[0]) < len(self.round):
                 return _NOT_READY
-            results, self.round = ray.get(self.round), None
+            results, self.round = [_from_wire(r) for r in ray.get(self.round)], None
             items = [r for r in results if not isinstance(r, _ShardStatus)]
             self.active = [a for a, r in zip(self.active, results) if not isinstance(r, _ShardStatus)]
             if items:
@@ -1087,9 +1115,9 @@ class _AsyncSource(_GatherSource):
             if result is not SHARD_END:
                 self._submit(actor)
                 if self.batch_ms > 0:
-                    self.items.extend((item, actor) for item in result)
+                    self.items.extend((_from_wire(item), actor) for item in result)
                 else:
-                    self.items.append((result, actor))
+                    self.items.append((_from_wire(result), actor))
         item, self.ctx.current_actor = self.items.popleft()
         return item
 
@@ -1106,7 +1134,7 @@ def _sliced_stream(actors: list[Any], generation: str, step: int, start: int,
             raise RuntimeError("repartition source shard re-initialised by another gather")
         if result is not SHARD_END:
             refs[actor.par_iter_slice_batch.remote(generation, step, start, batch_ms)] = actor
-            yield from result
+            yield from map(_from_wire, result)
 
 
 class ParallelIterator(Generic[T]):

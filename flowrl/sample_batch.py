@@ -63,17 +63,22 @@ PACK_MAX_BYTES = 1 << 16
 _ALIGN = 16  # each packed column starts at a multiple of this, so every dtype is aligned when unpacked
 
 
-def _pack_columns(columns: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], tuple[str, ...],
-                                                               tuple[tuple[int, ...], ...], bytes] | None:
-    """``(names, dtypes, shapes, buffer)`` of C-ordered columns laid end to end (each at a multiple of
-    ``_ALIGN`` bytes), or None for more than :data:`PACK_MAX_BYTES` or a column numpy cannot lay out as bytes
-    (object or structured dtypes)."""
+def _packed_size(columns: Mapping[str, np.ndarray]) -> int | None:
+    """The bytes :func:`_pack_columns` would lay out, or None where it would not pack these columns."""
     total = 0
     for column in columns.values():
         if column.dtype.hasobject or column.dtype.fields is not None:
             return None
         total += -(-column.nbytes // _ALIGN) * _ALIGN
-    if total > PACK_MAX_BYTES:
+    return total if total <= PACK_MAX_BYTES else None
+
+
+def _pack_columns(columns: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], tuple[str, ...],
+                                                               tuple[tuple[int, ...], ...], bytes] | None:
+    """``(names, dtypes, shapes, buffer)`` of C-ordered columns laid end to end (each at a multiple of
+    ``_ALIGN`` bytes), or None for more than :data:`PACK_MAX_BYTES` or a column numpy cannot lay out as bytes
+    (object or structured dtypes)."""
+    if _packed_size(columns) is None:
         return None
     parts: list[bytes] = []
     for column in columns.values():
@@ -211,6 +216,12 @@ class SampleBatch(dict[str, np.ndarray]):
             return type(self)._of_checked, (dict(self),), state
         return _unpack_columns, (type(self), *packed), state
 
+    def __flowrl_wire__(self) -> bool:
+        """Whether a shard may send this batch as one plain pickle (``flowrl.iter``'s wire format): a
+        ``SampleBatch`` itself (not a subclass, which may live in a script's ``__main__``), with no instance
+        attributes, that packs into one buffer."""
+        return type(self) is SampleBatch and not self.__dict__ and _packed_size(self) is not None
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SampleBatch):
             return NotImplemented
@@ -277,6 +288,19 @@ class MultiAgentBatch:
                 per_policy.setdefault(pid, []).append(pb)
         return MultiAgentBatch({p: SampleBatch.concat(bs) for p, bs in per_policy.items()},
                                sum(b.count for b in batches))
+
+    def __flowrl_wire__(self) -> bool:
+        """Whether a shard may send this batch as one plain pickle: a ``MultiAgentBatch`` itself whose policy
+        batches all may and pack into :data:`PACK_MAX_BYTES` together (see ``SampleBatch.__flowrl_wire__``)."""
+        if type(self) is not MultiAgentBatch or vars(self).keys() != {"policy_batches", "env_steps_count"}:
+            return False
+        total = 0
+        for batch in self.policy_batches.values():
+            size = _packed_size(batch) if type(batch) is SampleBatch and not batch.__dict__ else None
+            if size is None:
+                return False
+            total += size
+        return total <= PACK_MAX_BYTES
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, MultiAgentBatch):

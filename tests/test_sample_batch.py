@@ -157,3 +157,22 @@ def test_pickle_keeps_the_subclass_and_instance_attributes(rows: int) -> None:
     batch.source = "worker-3"
     back = pickle.loads(pickle.dumps(batch, protocol=5))
     assert type(back) is _TaggedBatch and back.source == "worker-3" and back == batch
+
+
+def test_only_small_plain_batches_offer_the_shard_wire() -> None:
+    from flowrl.sample_batch import PACK_MAX_BYTES
+    small = SampleBatch({OBS: np.zeros((50, 4), np.float32), ACTIONS: np.arange(50)})
+    assert small.__flowrl_wire__()
+    assert not SampleBatch({OBS: np.zeros(PACK_MAX_BYTES // 8 + 1)}).__flowrl_wire__()  # zero-copy via Ray
+    assert not SampleBatch({OBS: np.array([object()] * 3)}).__flowrl_wire__()
+    assert not _TaggedBatch(small).__flowrl_wire__()  # a subclass may live in a script's __main__
+    tagged = small.copy()
+    tagged.source = "worker-3"
+    assert not tagged.__flowrl_wire__()  # instance attributes may hold anything (ObjectRefs too)
+    assert MultiAgentBatch({"p0": small, "p1": small}, env_steps=50).__flowrl_wire__()
+    assert not MultiAgentBatch({"p0": small, "p1": _TaggedBatch(small)}, env_steps=50).__flowrl_wire__()
+    half = SampleBatch({OBS: np.zeros(PACK_MAX_BYTES // 16)})  # each packs; together they are over the bound
+    assert half.__flowrl_wire__() and not MultiAgentBatch({"a": half, "b": half, "c": half}, 1).__flowrl_wire__()
+    extra = MultiAgentBatch({"p0": small}, env_steps=50)
+    extra.note = "x"
+    assert not extra.__flowrl_wire__()
