@@ -77,6 +77,10 @@ class _ShardStatus:
 SHARD_END = _ShardStatus("SHARD_END")
 SHARD_SUPERSEDED = _ShardStatus("SHARD_SUPERSEDED")
 
+_NOT_READY = _Signal("_NOT_READY")
+_END = _Signal("_END")
+_UNSET: Any = object()
+
 
 def _no_wire() -> bool:
     return False
@@ -102,9 +106,6 @@ def _to_wire(item: Any) -> Any:
 def _from_wire(answer: Any) -> Any:
     """The item that :func:`_to_wire` sent."""
     return pickle.loads(answer) if type(answer) is bytes else answer
-_NOT_READY = _Signal("_NOT_READY")
-_END = _Signal("_END")
-_UNSET: Any = object()
 
 
 class RetryLater(Exception):

@@ -73,6 +73,12 @@ def _packed_size(columns: Mapping[str, np.ndarray]) -> int | None:
     return total if total <= PACK_MAX_BYTES else None
 
 
+def _wire_size(batch: SampleBatch) -> int | None:
+    """The packed bytes of a batch that may cross a shard's wire (a plain ``SampleBatch``, no instance
+    attributes), or None."""
+    return _packed_size(batch) if type(batch) is SampleBatch and not batch.__dict__ else None
+
+
 def _pack_columns(columns: Mapping[str, np.ndarray]) -> tuple[tuple[str, ...], tuple[str, ...],
                                                                tuple[tuple[int, ...], ...], bytes] | None:
     """``(names, dtypes, shapes, buffer)`` of C-ordered columns laid end to end (each at a multiple of
@@ -220,7 +226,7 @@ class SampleBatch(dict[str, np.ndarray]):
         """Whether a shard may send this batch as one plain pickle (``flowrl.iter``'s wire format): a
         ``SampleBatch`` itself (not a subclass, which may live in a script's ``__main__``), with no instance
         attributes, that packs into one buffer."""
-        return type(self) is SampleBatch and not self.__dict__ and _packed_size(self) is not None
+        return _wire_size(self) is not None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SampleBatch):
@@ -296,7 +302,7 @@ class MultiAgentBatch:
             return False
         total = 0
         for batch in self.policy_batches.values():
-            size = _packed_size(batch) if type(batch) is SampleBatch and not batch.__dict__ else None
+            size = _wire_size(batch)
             if size is None:
                 return False
             total += size
