@@ -25,7 +25,9 @@ warmed up once (which also sizes the runs to ``--seconds``), then the sides' run
 rounds, each round in the next of the sides' orders (two sides: AB, BA; three: all six in turn); requests left in
 flight are drained outside the window. Figures are medians of env steps/s. The suite's ``overhead_ratio`` is the
 async ratio (target >= 1.0). Async runs a third side, an identical copy of the hand-written loop (``control``):
-``control / hand`` is the noise floor, how far apart two identical sides come out here (0.98-1.02 on 2 cores).
+``control / hand`` is the noise floor, how far apart two identical sides come out here (0.94-1.05 per run on 2 cores).
+Each ratio is also given paired: the median over rounds of the ratio within a round, whose sides ran back
+to back, so drift between rounds cancels.
 Beside the ratios, each side's driver CPU time per fragment in the window (all the driver's threads, Ray's
 included): the coordination cost itself, which moves far less from run to run than throughput does.
 
@@ -150,6 +152,19 @@ def timed(run: Run, workers: WorkerSet, n: int, k: int) -> tuple[float, float, f
     return steps / (end - window.started), window.started - window.created, (end_cpu - window.started_cpu) / n
 
 
+def paired_ratio(side: list[float], base: list[float]) -> float:
+    """Median over rounds of ``side[i] / base[i]``: each round runs every side once, back to back, so the drift
+    between rounds (other load, CPU clocks) cancels within a pair; read it beside the ratio of the medians.
+
+    Examples:
+        >>> paired_ratio([10.0, 20.0, 30.0], [10.0, 25.0, 25.0])
+        1.0
+    """
+    if not side or len(side) != len(base):
+        raise ValueError(f"paired_ratio needs two equally long non-empty lists, got {len(side)} and {len(base)}")
+    return statistics.median(s / b for s, b in zip(side, base))
+
+
 def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, repeats: int) -> dict[str, Any]:
     w = len(workers.remote_workers())
     warm = {name: timed(run, workers, 10 * w, k)[0] for name, run in runs.items()}
@@ -171,7 +186,9 @@ def measure(runs: dict[str, Run], workers: WorkerSet, k: int, seconds: float, re
     cpu_us = {name: 1e6 * statistics.median(v) for name, v in cpu.items()}
     return {"fragments_per_run": n, "flowrl_steps_per_s": med["flowrl"], "hand_steps_per_s": med["hand"],
             "ratio": med["flowrl"] / med["hand"], "control_ratio": med["control"] / med["hand"] if "control" in med
-            else None, "flowrl_startup_ms": startup_ms["flowrl"],
+            else None, "paired_ratio": paired_ratio(samples["flowrl"], samples["hand"]),
+            "control_paired_ratio": paired_ratio(samples["control"], samples["hand"]) if "control" in med else None,
+            "flowrl_startup_ms": startup_ms["flowrl"],
             "hand_startup_ms": startup_ms["hand"], "flowrl_driver_cpu_us_per_fragment": cpu_us["flowrl"],
             "hand_driver_cpu_us_per_fragment": cpu_us["hand"], "samples": samples, "startup_s": startup,
             "driver_cpu_s_per_fragment": cpu, "warmup": warm}
@@ -220,6 +237,10 @@ def main() -> None:
     ratio, control = results["async"]["ratio"], results["async"]["control_ratio"]
     print(f"\ncontrol: the hand-written async loop against an identical copy of itself came out at {control:.3f} "
           f"(the noise floor of the ratio above)")
+    paired = results["async"]
+    print(f"paired (median over rounds of each round's ratio, drift cancelled): async flowrl / hand-written "
+          f"{paired['paired_ratio']:.3f}, control / hand-written {paired['control_paired_ratio']:.3f}; bulk_sync "
+          f"{results['bulk_sync']['paired_ratio']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "rollout_overhead", "overhead_ratio": ratio, "bulk_sync_ratio": results["bulk_sync"]["ratio"],

@@ -106,6 +106,18 @@ def test_markdown_tables_keep_each_table_with_its_caption() -> None:
     assert suite.markdown_tables("no table\nx=1") == ""
 
 
+def test_rollout_overhead_paired_ratio_cancels_drift_between_rounds() -> None:
+    # the machine slows down round by round; flowrl is 2% faster than hand in every round
+    hand = [20_000.0, 16_000.0, 12_000.0, 18_000.0]
+    flowrl = [1.02 * h for h in hand]
+    assert rollout_overhead.paired_ratio(flowrl, hand) == pytest.approx(1.02)
+    assert rollout_overhead.paired_ratio([3.0, 1.0, 2.0], [1.0, 1.0, 1.0]) == 2.0  # a median, not a mean
+    with pytest.raises(ValueError, match="equally long"):
+        rollout_overhead.paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="non-empty"):
+        rollout_overhead.paired_ratio([], [])
+
+
 def test_rollout_overhead_sides_sample_the_same_steps_from_the_same_workers() -> None:
     """Both sides of both modes pull whole fragments from the same two workers; timed() checks the env steps each
     side counted in its window (flowrl through num_steps_sampled) against the fragments it was asked for, and
