@@ -235,8 +235,8 @@ def main() -> None:
               f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} | {r['flowrl_driver_cpu_us_per_fragment']:.0f} / "
               f"{r['hand_driver_cpu_us_per_fragment']:.0f} | {r['flowrl_startup_ms']:.1f} / {r['hand_startup_ms']:.1f} |")
     ratio, control = results["async"]["ratio"], results["async"]["control_ratio"]
-    print(f"\ncontrol: the hand-written async loop against an identical copy of itself came out at {control:.3f} "
-          f"(the noise floor of the ratio above)")
+    print(f"\ncontrol: the hand-written async loop against an identical copy of itself came out at "
+          f"{control:.3f} (the noise floor of the ratio above)")
     paired = results["async"]
     print(f"paired (median over rounds of each round's ratio, drift cancelled): async flowrl / hand-written "
           f"{paired['paired_ratio']:.3f}, control / hand-written {paired['control_paired_ratio']:.3f}; bulk_sync "
