@@ -233,7 +233,8 @@ def main() -> None:
         label = "bulk_sync (ray.get per round)" if mode == "bulk_sync" else f"async (ray.wait num_returns=1, k={k})"
         print(f"| {label} | {r['fragments_per_run']} | {r['flowrl_steps_per_s']:,.0f} | "
               f"{r['hand_steps_per_s']:,.0f} | {r['ratio']:.3f} | {r['flowrl_driver_cpu_us_per_fragment']:.0f} / "
-              f"{r['hand_driver_cpu_us_per_fragment']:.0f} | {r['flowrl_startup_ms']:.1f} / {r['hand_startup_ms']:.1f} |")
+              f"{r['hand_driver_cpu_us_per_fragment']:.0f} | {r['flowrl_startup_ms']:.1f} / "
+              f"{r['hand_startup_ms']:.1f} |")
     ratio, control = results["async"]["ratio"], results["async"]["control_ratio"]
     print(f"\ncontrol: the hand-written async loop against an identical copy of itself came out at "
           f"{control:.3f} (the noise floor of the ratio above)")
