@@ -52,7 +52,8 @@ NUM_WORKERS = 3
 LEARN_DELAY_S = 0.05  # the slow learner: simulated work per learn_on_batch
 WARMUP, MEASURED = 20, 50  # reports before measuring (fills the metrics windows), reports measured
 MEMORY_WINDOW = 15  # reports per median at the start and the end of the measured run
-MAX_MEMORY_GROWTH = 64 * 1024  # bytes of traced driver memory the last window may exceed the first by
+MAX_MEMORY_GROWTH = 32 * 1024  # bytes of live traced driver memory the last window may exceed the first by
+# (9-13 KB measured in every case, the test's own lists of readings included; a leak of ~1 KB per report fails)
 
 
 class _BoundedFake(FakeWorker):
@@ -221,6 +222,9 @@ def test_a_slow_learner_throttles_sampling_and_nothing_grows(name: str, workers:
                 sampled_not_trained = counters[STEPS_SAMPLED_COUNTER] - counters[STEPS_TRAINED_COUNTER]
                 backlog.append(sampled_not_trained)
                 if i >= WARMUP:
+                    # live memory only: cyclic garbage waits for the collector's next full pass, which comes when
+                    # it comes, and counted in it swung the growth by ~50 KB (apex: 55-72 KB, flaky at 64)
+                    gc.collect()
                     memory.append(tracemalloc.get_traced_memory()[0])
                 assert result["info"]["learner_queue"]["size_quantiles"][-1] <= limit
         finally:
