@@ -83,7 +83,8 @@ def main() -> None:
     print("| envs per worker | worker env steps/s | raw env steps/s | worker / raw |")
     print("|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['num_envs']} | {r['worker_steps_per_s']:,.0f} | {r['raw_steps_per_s']:,.0f} | {r['efficiency']:.3f} |")
+        print(f"| {r['num_envs']} | {r['worker_steps_per_s']:,.0f} | {r['raw_steps_per_s']:,.0f} | "
+              f"{r['efficiency']:.3f} |")
     best = max(results, key=lambda r: r["efficiency"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

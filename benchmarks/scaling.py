@@ -20,8 +20,9 @@ serve every N. Modes: ``async`` (``num_async=2``: a worker always has its next r
 ``bulk_sync`` (a round waits for its slowest worker).
 
 Run: ``python benchmarks/scaling.py [--quick] [--workers 1,2,4,8,16] [--clusters one_node,two_nodes]``
-(``--quick``: ~3 minutes). Writes JSON (and a PNG when matplotlib imports) to ``benchmarks/results/``; the last
-line is ``scaling_efficiency_16=<async efficiency at the largest N, one node>``.
+(``--quick``: ~2.5 minutes, most of it starting 16 workers per cluster). Writes JSON (and a PNG when matplotlib
+imports) to ``benchmarks/results/``; the last line is
+``scaling_efficiency_16=<async efficiency at the largest N, one node>``.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def main() -> None:
     parser.add_argument("--fragment", type=int, default=50, help="env steps per sample()")
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per point (median)")
-    parser.add_argument("--quick", action="store_true", help="1.5 s runs, 2 repeats")
+    parser.add_argument("--quick", action="store_true", help="1 s runs, 2 repeats")
     parser.add_argument("--out", type=Path, default=None, help="JSON (default benchmarks/results/scaling[_quick].json)")
     args = parser.parse_args()
     counts = sorted({int(n) for n in args.workers.split(",")})
@@ -201,7 +202,7 @@ def main() -> None:
     if unknown := set(kinds) - set(CLUSTERS):
         parser.error(f"--clusters: unknown {sorted(unknown)}; use {','.join(CLUSTERS)}")
     if args.quick:
-        args.seconds, args.repeats = min(args.seconds, 1.5), min(args.repeats, 2)
+        args.seconds, args.repeats = min(args.seconds, 1.0), min(args.repeats, 2)
 
     results = {kind: run_cluster(kind, counts, args) for kind in kinds}
 

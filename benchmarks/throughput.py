@@ -224,12 +224,12 @@ def bench(name: str, module: Any, num_workers: int, args: argparse.Namespace) ->
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line; ``--quick`` keeps the first worker count and caps runs at 2 and seconds at 4.
+    """The command line; ``--quick`` keeps the first worker count and caps runs at 2 and seconds at 3.
 
     Examples:
         >>> args = parse_args(["--quick", "--algos", "pg,a3c", "--workers", "2,4"])
         >>> args.algos, args.worker_counts, args.runs, args.seconds
-        (['pg', 'a3c'], [2], 2, 4.0)
+        (['pg', 'a3c'], [2], 2, 3.0)
         >>> parse_args([]).out
         'benchmarks/results/throughput.json'
     """
@@ -242,7 +242,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--report-s", type=float, default=1.0, help="min_iter_time_s: seconds per report")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the learner (driver)")
-    parser.add_argument("--quick", action="store_true", help="the first worker count only, 2 runs of 4 s each")
+    parser.add_argument("--quick", action="store_true", help="the first worker count only, 2 runs of 3 s each")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/throughput[_quick].json)")
     args = parser.parse_args(argv)
     args.algos = [a.strip() for a in args.algos.split(",") if a.strip()]
@@ -258,7 +258,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.runs < 1 or args.seconds <= 0:
         parser.error(f"--runs={args.runs} must be >= 1 and --seconds={args.seconds} > 0")
     if args.quick:
-        args.worker_counts, args.runs, args.seconds = args.worker_counts[:1], min(args.runs, 2), min(args.seconds, 4.0)
+        args.worker_counts, args.runs, args.seconds = args.worker_counts[:1], min(args.runs, 2), min(args.seconds, 3.0)
     args.out = args.out or f"benchmarks/results/throughput{'_quick' if args.quick else ''}.json"
     return args
 

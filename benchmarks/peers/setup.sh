@@ -3,7 +3,7 @@
 # peer benchmarks. They get their own virtualenv because RLlib pins an older gymnasium than flowrl's.
 #
 # Usage: bash benchmarks/peers/setup.sh        (PYTHON=/path/to/python to pick the main environment's Python)
-# Then:  python -m benchmarks peers --quick    (or benchmarks/peers/.venv/bin/python benchmarks/peers/sb3_ppo.py)
+# Then:  python -m benchmarks ppo dqn --quick  (or benchmarks/peers/.venv/bin/python benchmarks/peers/sb3_ppo.py)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-python}"
