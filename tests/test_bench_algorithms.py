@@ -41,7 +41,7 @@ def test_throughput_command_line() -> None:
     assert (args.algos, args.worker_counts, args.runs, args.seconds, args.quick) == (
         list(throughput.ALGOS), [2, 4], 3, 20.0, False)
     quick = throughput.parse_args(["--quick", "--runs", "5", "--seconds", "30", "--out", "x.json"])
-    assert (quick.worker_counts, quick.runs, quick.seconds, quick.out) == ([2], 2, 4.0, "x.json")
+    assert (quick.worker_counts, quick.runs, quick.seconds, quick.out) == ([2], 2, 3.0, "x.json")
 
 
 @pytest.mark.parametrize("argv", [["--algos", "sac"], ["--workers", "0"], ["--workers", "two"], ["--runs", "0"]])
