@@ -12,23 +12,21 @@ from typing import Any
 import gymnasium
 import numpy as np
 import pytest
+from pettingzoo import ParallelEnv  # the dev extra installs it: a missing PettingZoo fails, never skips
 from ray import cloudpickle
 
-pytest.importorskip("pettingzoo")  # a guard only: the dev extra installs it
-
-from pettingzoo import ParallelEnv  # noqa: E402
-
-from flowrl.config import ModelConfig  # noqa: E402
-from flowrl.envs import EnvContext, MultiAgentVectorEnv, PettingZooEnv  # noqa: E402
-from flowrl.sample_batch import AGENT_INDEX, OBS, RETURNS, TERMINATEDS, TRUNCATEDS, MultiAgentBatch  # noqa: E402
-from flowrl.testing import TinyPGPolicy  # noqa: E402
-from flowrl.workers import PolicySpec, RolloutConfig, RolloutWorker  # noqa: E402
+from flowrl.config import ModelConfig
+from flowrl.envs import EnvContext, MultiAgentVectorEnv, PettingZooEnv
+from flowrl.sample_batch import AGENT_INDEX, OBS, RETURNS, TERMINATEDS, TRUNCATEDS, MultiAgentBatch
+from flowrl.testing import TinyPGPolicy
+from flowrl.workers import PolicySpec, RolloutConfig, RolloutWorker
 
 with warnings.catch_warnings():
     # pursuit_v5's module path is PettingZoo's pre-registry API: it works on every supported version
-    # (>= 1.25), and 1.27 warns on import. pygame-ce (also in the dev extra) is its one extra dependency.
+    # (>= 1.25), and 1.27 warns on import. It imports pygame-ce and scipy, which the dev extra also installs;
+    # a missing one fails this module's collection instead of skipping it.
     warnings.simplefilter("ignore", DeprecationWarning)
-    pursuit_v5 = pytest.importorskip("pettingzoo.sisl.pursuit_v5")
+    from pettingzoo.sisl import pursuit_v5
 
 # Small and quick: 4 pursuers chase 2 evaders on an 8x8 grid, seeing 3x3x3 images. (PettingZoo's default
 # of 30 evaders does not fit on 8x8: its reset() then searches for free cells forever.)
