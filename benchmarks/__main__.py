@@ -17,7 +17,7 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
 - ``ppo``: PPO on CartPole-v1 with flowrl's main job's hyperparameters, in rounds whose order rotates (drift
   hits every system alike): flowrl (``ppo_cartpole.py``), the minimal single-file PPO (``minimal_ppo.py``) and,
   when the peers' virtualenv exists, Stable-Baselines3 with 8 envs and RLlib with 2 env runners of 1 env each
-  (PERFORMANCE.md's configuration: RLlib's default of one env per runner) and of 4 envs each (flowrl's 2 x 4).
+  (RLlib's default of one env per runner) and of 4 envs each (flowrl's 2 x 4).
   Gives ``ppo_vs_sb3``, ``ppo_vs_rllib`` (2 x 1) and ``ppo_vs_rllib_2x4`` (flowrl / peer, medians of env steps/s)
   and ``ppo_time_to_450_vs_minimal`` (flowrl / minimal, medians of training seconds to a smoothed return of 450;
   a run that never gets there counts as infinitely slow).

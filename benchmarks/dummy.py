@@ -93,7 +93,7 @@ def rollout_config(*, num_workers: int = 0, step_ms: float = 0.0, fragment: int 
                    num_cpus_per_worker: float = 0, seed: int | None = None) -> RolloutConfig:
     """Workers of :class:`DummyPolicy` on :func:`sleepy_cartpole` (plain CartPole-v1 when ``step_ms`` is 0).
 
-    ``num_cpus_per_worker`` defaults to 0 (PERFORMANCE.md §5): the workers wait more than they compute, and the
+    ``num_cpus_per_worker`` defaults to 0: the workers wait more than they compute, and the
     benchmarks place more of them than the machine has cores.
     """
     env: str | Callable[[EnvContext], gym.Env[Any, Any]] = (

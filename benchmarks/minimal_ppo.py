@@ -1,4 +1,4 @@
-"""A minimal single-file PPO for CartPole-v1, without any framework: the floor reference of PERFORMANCE.md.
+"""A minimal single-file PPO for CartPole-v1, without any framework: the floor that flowrl's PPO time is compared with.
 
 Plain torch and gymnasium in one process: 8 CartPoles in gymnasium's numpy-vectorised env, one batched
 forward pass per step, then six epochs of minibatch Adam. The numerics are those of flowrl's PPO main job

@@ -1,7 +1,7 @@
 """PPO on CartPole-v1 end to end: env steps/s sampled and trained, and wall seconds to mean return 150 and 450.
 
 Hyperparameters are RLlib's tuned CartPole PPO (train_batch_size 4000, sgd_minibatch_size 128, num_sgd_iter 6,
-lr 3e-4) with 1-2 remote rollout workers, as in PERFORMANCE.md's peer table. Start-up (Ray, the worker
+lr 3e-4) with 1-2 remote rollout workers, as the peers in benchmarks/peers/ run it. Start-up (Ray, the worker
 actors, the plan) is timed apart; every other figure is training time: the wall clock from the first
 ``next()`` of the plan. The return is the mean over the last 100 episodes (``episode_reward_mean``).
 

@@ -6,9 +6,9 @@ coordination. The same actors serve both sides:
 
 - bulk_sync: ``ParallelRollouts(workers, mode="bulk_sync")`` against ``ray.get([w.sample.remote() for w in
   workers])`` and one ``concat_batches`` per round; both sides make the same calls, so parity is the ceiling;
-- async: ``ParallelRollouts(workers, mode="async", num_async=k)`` against the straightforward loop (PERFORMANCE.md
-  §1): ``ray.wait(refs, num_returns=1)``, ``ray.get`` of that one result and a new ``sample`` request to the
-  worker it came from, ``k`` requests in flight per worker. flowrl's gather collects *every* ready result per
+- async: ``ParallelRollouts(workers, mode="async", num_async=k)`` against the straightforward loop:
+  ``ray.wait(refs, num_returns=1)``, ``ray.get`` of that one result and a new ``sample`` request to the worker
+  it came from, ``k`` requests in flight per worker. flowrl's gather collects *every* ready result per
   ``ray.wait`` (batched waits), which is how the paper's dataflow ran slightly faster than hand-written RLlib.
   On Ray 2.60 here a wait that must time out (the probe, whenever not every request is done) costs ~80 us and one
   that a finished request satisfies ~4 us, so the probe pays off only when several results are ready at once;

@@ -1,7 +1,7 @@
 """Scaling: ParallelRollouts throughput from 1 to 16 rollout workers, on one node and on a local two-node cluster.
 
 Every env step sleeps ``--step-ms`` (1 ms) before CartPole-v1 steps, so an env *waits* rather than computes and
-N workers can overlap on 2 cores (PERFORMANCE.md §5); the workers act with the dummy policy (one scalar, random
+N workers can overlap on 2 cores; the workers act with the dummy policy (one scalar, random
 actions: ``benchmarks/dummy.py``), so what scales is the sampling and the dataflow, not a model. For each worker
 count N the plan is ``ParallelRollouts(workers, mode)`` over the first N workers, pulled for ``--seconds`` (after
 a short untimed warm-up); the figure is env steps/s, the median of ``--repeats`` runs, and the efficiency is

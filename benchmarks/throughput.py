@@ -15,7 +15,7 @@ start-up, the first weight broadcast and a replay buffer's ``learning_starts`` f
   time / wall`` (their ``learner_grad`` timer keeps the last 10 calls only) as a check; ``-`` elsewhere.
 
 Each figure is the median of ``--runs`` runs; the algorithms run one after another in one process, on one Ray
-instance, so their ratios are what to compare (PERFORMANCE.md). Configs are each algorithm's defaults except
+instance, so their ratios are what to compare. Configs are each algorithm's defaults except
 for reporting (a report at least every ``--report-s`` seconds, no step gate: ``min_iter_time_s`` and
 ``timesteps_per_iteration`` gate reports only, never learning) and the overrides in ``_OVERRIDES``, each with
 its reason.
@@ -62,7 +62,7 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     "a2c": {},
     "a3c": {},
     # RLlib's generic PPO defaults (30 epochs, lr 5e-5) make one iteration ~6 s of SGD on 2 cores, longer than
-    # a quick window; PERFORMANCE.md's matched CartPole hyperparameters (the ones the peers run) instead: 6
+    # a quick window; the matched CartPole hyperparameters (the ones the peers run) instead: 6
     # epochs of minibatch 128 at lr 3e-4. The fragment is set in make_config so one sampling round fills the
     # 4000-step batch.
     "ppo": {"num_sgd_iter": 6, "lr": 3e-4},

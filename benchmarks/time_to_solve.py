@@ -13,7 +13,7 @@ checkpointing or logging on the clock):
   (:func:`first_crossing`); a report comes at the first train step after ``--report-s`` seconds (0.5) since
   the last (``min_iter_time_s``, with no step gate: both gate reports only, never learning), so that, or one
   train step if longer, is the clock's resolution;
-- each threshold has a step budget (PERFORMANCE.md's published anchors for 150); a run stops when it has
+- each threshold has a step budget; a run stops when it has
   reached every threshold, when the lowest threshold it has not reached has used up its budget, or after
   ``--max-train-s`` seconds of training (:func:`stop_reason`). Not reached is reported as such, with the final
   return, never estimated.
@@ -74,7 +74,7 @@ class Setting:
     quick_budget: int
 
 
-# Budgets to 150 are PERFORMANCE.md's published anchors (RLlib's learning gates); PG has none and takes
+# Budgets to 150 are RLlib's learning gates for CartPole-v1 (its tuned examples); PG has none and takes
 # test_pg's 100k. Budgets to 450 are larger caps of this benchmark's own (test_ppo's 300k for PPO).
 _SETTINGS: dict[str, Setting] = {
     # PGConfig's default: no remote workers, the driver samples and learns (test_pg learns this way).

@@ -190,7 +190,7 @@ class RolloutConfig(PolicyConfig):
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig(RolloutConfig):
     """What every algorithm's config has beyond rollouts: batch size, learner devices, reporting and
-    failure handling (SEMANTICS.md §4, common defaults; §5). Algorithm configs extend it.
+    failure handling. Algorithm configs extend it.
 
     Attributes:
         train_batch_size: steps per train batch (``ConcatBatches``' target).

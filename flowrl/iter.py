@@ -1,4 +1,4 @@
-"""Lazy iterators over Ray actors: the dataflow core of flowrl (SEMANTICS.md §1–2).
+"""Lazy iterators over Ray actors: the dataflow core of flowrl.
 
 A :class:`LocalIterator` is a lazy, single-consumer stream in one process; a :class:`ParallelIterator`
 describes a sharded stream whose recorded transforms run inside the shard actors, and becomes local
@@ -440,7 +440,7 @@ def _merge(cells: Sequence[_Cell]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 class LocalIterator(Generic[T]):
-    """A lazy, single-consumer stream in one process (SEMANTICS.md §2.5).
+    """A lazy, single-consumer stream in one process.
 
     Operators return new iterators that share this one's source factory and metrics context.
     Nothing runs until the first pull; iteration yields real items only.
@@ -739,7 +739,7 @@ class LocalIterator(Generic[T]):
 
     def union(self, *others: LocalIterator[T], deterministic: bool = False,
               round_robin_weights: Sequence[float | str] | None = None) -> LocalIterator[T]:
-        """Interleaves this and ``others``, merging their metrics contexts (SEMANTICS.md §2.6).
+        """Interleaves this and ``others``, merging their metrics contexts.
 
         Examples:
             >>> ones, twos, threes = iter_list([1] * 3), iter_list([2] * 3), iter_list([3] * 3)
@@ -875,7 +875,7 @@ _Transforms = tuple[tuple[str, tuple[Any, ...]], ...]
 
 
 class ParallelIteratorWorker:
-    """Mixin that makes an actor class a shard source (SEMANTICS.md §2.8).
+    """Mixin that makes an actor class a shard source.
 
     Args:
         item_source: an iterable, or a zero-argument callable returning one (called once, on the
@@ -883,8 +883,8 @@ class ParallelIteratorWorker:
         repeat: cycle the source forever (it must be re-iterable).
 
     Answers are the item (or a list of items) itself, or an explicit status value, ``SHARD_END`` or
-    ``SHARD_SUPERSEDED``; end of stream never crosses the wire as an exception. (SEMANTICS.md §2.8
-    writes them as ``("ok", item)`` tuples: a tuple costs ~10% of a Ray call on a 2-core machine,
+    ``SHARD_SUPERSEDED``; end of stream never crosses the wire as an exception. (Not ``("ok", item)``
+    tuples: a tuple costs ~10% of a Ray call on a 2-core machine,
     so the common answer is the bare item.) Items that offer it travel as one plain pickle
     (:func:`_to_wire`); the gathers decode them.
     """

@@ -2,7 +2,7 @@
 
 Every dataflow owns exactly one :class:`MetricsContext`; the iterator a plan returns carries it as
 ``it.metrics``. flowrl's operators receive it through ``bind(metrics)`` (see
-:class:`MetricsBinding`); counter and timer names are the constants below (SEMANTICS.md §1.5–1.6).
+:class:`MetricsBinding`); counter and timer names are the constants below.
 
 Examples:
     >>> ctx = MetricsContext()
@@ -38,7 +38,7 @@ __all__ = [
     "LEARNER_INFO", "LEARNER_STATS_KEY", "CUSTOM_METRICS", "LEARNER_QUEUE_INFO", "TIMING_BREAKDOWN_INFO",
 ]
 
-# Counters (SEMANTICS.md §1.6). Operators import these; nobody spells a key as a free string.
+# Counters. Operators import these; nobody spells a key as a free string.
 STEPS_SAMPLED_COUNTER = "num_steps_sampled"
 AGENT_STEPS_SAMPLED_COUNTER = "num_agent_steps_sampled"
 STEPS_TRAINED_COUNTER = "num_steps_trained"
@@ -62,8 +62,8 @@ LEARN_ON_BATCH_TIMER = "learn"
 LOAD_BATCH_TIMER = "load"
 COMPUTE_GRADS_TIMER = "compute_grads"
 TARGET_NET_UPDATE_TIMER = "target_net_update"
-# Learner-thread timers (flowrl.ops.concurrency): Ape-X exposes the first three as plan timers (§1.6);
-# every learner thread reports them as ``<key>_time_ms`` under ``info["timing_breakdown"]`` (§3.4).
+# Learner-thread timers (flowrl.ops.concurrency): Ape-X exposes the first three as plan timers;
+# every learner thread reports them as ``<key>_time_ms`` under ``info["timing_breakdown"]``.
 LEARNER_DEQUEUE_TIMER = "learner_dequeue"
 LEARNER_GRAD_TIMER = "learner_grad"
 LEARNER_OVERALL_TIMER = "learner_overall"

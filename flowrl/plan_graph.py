@@ -1,5 +1,5 @@
 """Plan inspection: the operator graph of a built plan, as text, Graphviz DOT or Mermaid, and the checks
-that catch a miswired plan before launch (SEMANTICS.md §2.7, §3.4).
+that catch a miswired plan before launch.
 
 Iterators record at build time where their stream starts (a source, a gather, a union, a duplicate
 child, a named composite) next to their stages; :func:`build` walks those records without pulling
@@ -140,7 +140,7 @@ class _Builder:
             weights = o.attrs["round_robin_weights"]
             label = f"LocalUnion({o.attrs['mode']}{'' if weights is None else f', round_robin_weights={list(weights)!r}'})"
             return self.add("union", label, inputs, **o.attrs)
-        if o.kind == "named" and len(inputs) > 1:  # a combinator: its name is "<label>[<input reprs>]" (§2.9)
+        if o.kind == "named" and len(inputs) > 1:  # a combinator: its name is "<label>[<input reprs>]"
             label = o.label.removesuffix("[" + ", ".join(repr(i) for i in o.inputs) + "]")
             return self.add("union", label, inputs, **o.attrs)
         kind = {"named": "named" if inputs else "source"}.get(o.kind, o.kind)
@@ -270,7 +270,7 @@ def problems(graph: PlanGraph, metrics: MetricsContext) -> list[str]:
     """What would go wrong once the plan runs, each with its fix (``LocalIterator.validate()`` raises them).
 
     It finds:
-    - a ``duplicate()`` child that the plan never consumes: its siblings stall after one item (§2.7);
+    - a ``duplicate()`` child that the plan never consumes: its siblings stall after one item;
     - a stream read by several consumers without ``duplicate()``: each would build its own copy (two gathers
       over the same shards fail at the first pull);
     - a union whose round-robin weights are all ``"*"``: no input sets the pace (``Concurrently`` rejects it
@@ -291,7 +291,7 @@ def problems(graph: PlanGraph, metrics: MetricsContext) -> list[str]:
         children = [r for r in readers if r.kind == "duplicate"]
         if children and (missing := sorted(set(range(children[0].attrs["n"])) - {c.attrs["index"] for c in children})):
             found += [f"duplicate[{i}] of {node.label} is never consumed by the plan: its siblings stall after the "
-                      f"first item, since a child ahead of another waits for it (SEMANTICS.md §2.7); consume every "
+                      f"first item, since a child ahead of another waits for it; consume every "
                       f"child, e.g. each in a Concurrently branch, or duplicate into fewer" for i in missing]
         if len(readers) > 1 and (len(children) < len(readers) or len(children) > children[0].attrs["n"]):
             found.append(f"{node.label} is read by {len(readers)} consumers ({', '.join(r.label for r in readers)}) "

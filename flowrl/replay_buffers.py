@@ -1,7 +1,6 @@
 """Replay buffers: segment trees, uniform and prioritized buffers, and the multi-agent replay shard.
 
-SEMANTICS.md §3.3 specifies them; the replay operators of :mod:`flowrl.ops.replay` read and write
-them. The layers, bottom up:
+The replay operators of :mod:`flowrl.ops.replay` read and write them. The layers, bottom up:
 
 - :class:`SumSegmentTree` and :class:`MinSegmentTree`: ``O(log n)`` range reductions and the
   proportional-sampling descent (Schaul et al., *Prioritized Experience Replay*, arXiv:1511.05952).

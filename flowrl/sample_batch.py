@@ -1,4 +1,4 @@
-"""Columnar experience batches: :class:`SampleBatch` and :class:`MultiAgentBatch` (SEMANTICS.md §3.0).
+"""Columnar experience batches: :class:`SampleBatch` and :class:`MultiAgentBatch`.
 
 A ``SampleBatch`` is a dict of equal-length numpy columns, one row per env step (or agent step).
 A ``MultiAgentBatch`` maps policy ids to SampleBatches and carries the env-step count.

@@ -1,7 +1,7 @@
 """Helpers shared by tests and doctests; no library module imports this one.
 
 The fakes here import neither torch nor a model, so a fake worker actor starts in well under a
-second: operator tests run against them (SEMANTICS.md §6, "Operators (fake workers)").
+second: operator tests run against them.
 
 Examples:
     >>> ws = make_fake_workers(num_workers=0, rollout_fragment_length=5)
@@ -49,7 +49,7 @@ def iter_list(items: Iterable[T]) -> LocalIterator[T]:
 
 
 def plan_lines(fn: Callable[..., Any]) -> int:
-    """Non-blank lines of a plan function, signature included, docstring excluded (STYLE.md §2's limit).
+    """Non-blank lines of a plan function, signature included, docstring excluded.
 
     Examples:
         >>> def plan(workers, config):

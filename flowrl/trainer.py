@@ -1,8 +1,8 @@
 """The Trainer: builds one algorithm's WorkerSet and plan once; ``train()`` is one ``next()`` of the plan.
 
 It also owns what must outlive a plan: checkpoints (``save``/``restore``, plain data only) and the
-handling of failed remote workers, which rebuilds the plan with the counters carried over
-(SEMANTICS.md §5). A checkpoint also holds the trainer's config as data, so
+handling of failed remote workers, which rebuilds the plan with the counters carried over (see
+:meth:`Trainer.train`). A checkpoint also holds the trainer's config as data, so
 :func:`load_checkpoint_config` and :meth:`Trainer.from_checkpoint` (the CLI's ``--resume`` and
 ``evaluate``) rebuild a registered algorithm's trainer from the path alone.
 
@@ -166,7 +166,7 @@ class Trainer:
         """Exactly one ``next()`` of the plan, plus ``training_iteration``, ``time_this_iter_s``,
         ``time_total_s`` and ``episodes_total``; with the config's ``profile``, also ``profile``, the plan's
         per-operator profile so far (:func:`flowrl.profiling.profile_data`; a rebuilt plan starts a new one).
-        A failed remote worker is handled as the config says (SEMANTICS.md §5) and the step retried."""
+        A failed remote worker is handled as the config says and the step retried."""
         start = time.monotonic()
         while True:
             try:

@@ -1,4 +1,4 @@
-"""Rollout workers and the WorkerSet (SEMANTICS.md §3.0).
+"""Rollout workers and the WorkerSet.
 
 A :class:`RolloutWorker` owns a vector of envs and the policy replicas that act in them; ``sample()``
 returns one fragment of ``rollout_fragment_length`` steps per env, postprocessed per trajectory. It
@@ -401,7 +401,7 @@ class WorkerSet:
         worker) with ``global_vars``, fire and forget; the local worker gets the global vars.
 
         Earlier sends are checked without blocking first, so a recipient that died raises its actor
-        error here, within one round (SEMANTICS.md §3.0, the weight broadcast rule)."""
+        error here, within one round."""
         if global_vars is not None:
             self._local.set_global_vars(global_vars)
         ready, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)

@@ -1,8 +1,8 @@
 """The all-algorithm benchmarks' logic: ``benchmarks/throughput.py`` and ``benchmarks/time_to_solve.py``.
 
 Argument parsing, every algorithm's benchmark config, the threshold bookkeeping, the medians, tables and last
-lines, and one tiny run of each script's core function. No timing assertions (PERFORMANCE.md: benchmarks live
-in ``benchmarks/``, never as timed assertions in tests).
+lines, and one tiny run of each script's core function. No timing assertions (benchmarks live in
+``benchmarks/``, never as timed assertions in tests).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The benchmark suite's command line and summary line, and the minimal PPO computing what flowrl's PPO computes.
 
-No timing here (PERFORMANCE.md: benchmarks live in ``benchmarks/``, never as timed assertions in tests).
+No timing here.
 """
 
 from __future__ import annotations

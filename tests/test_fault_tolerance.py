@@ -1,4 +1,4 @@
-"""Long runs survive dead rollout workers (SEMANTICS.md §5): real workers' processes are SIGKILLed while the
+"""Long runs survive dead rollout workers: real workers' processes are SIGKILLed while the
 Trainer trains, the Trainer recreates them with the current weights, and training reaches its goal."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The hand-written versions must be the plans' algorithms over the same substrate: PPO ends two iterations with
 the very weights the trainer's plan ends with; A3C answers each gradient to its producer alone, as the plan does;
-A3C and Ape-X run on CartPole and report what their plans report. No timing here (PERFORMANCE.md).
+A3C and Ape-X run on CartPole and report what their plans report. No timing here.
 """
 
 from __future__ import annotations

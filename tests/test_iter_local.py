@@ -1,4 +1,4 @@
-"""Iterator algebra on local streams: exact orders (SEMANTICS.md §6, items 8–18, 29–30) and properties."""
+"""Iterator algebra on local streams: exact orders and properties."""
 
 from __future__ import annotations
 

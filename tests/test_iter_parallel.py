@@ -1,4 +1,4 @@
-"""ParallelIterator over shard actors: gathers, shards, re-initialisation (SEMANTICS.md §6, items 1–7, 10, 19–28)."""
+"""ParallelIterator over shard actors: gathers, shards, re-initialisation."""
 
 from __future__ import annotations
 

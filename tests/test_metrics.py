@@ -1,4 +1,4 @@
-"""The metrics context, timers and key constants (SEMANTICS.md §1.5–1.6; §6 item 18)."""
+"""The metrics context, timers and key constants."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Plan inspection (flowrl.plan_graph, LocalIterator.describe/validate): the operator graph of small plans and of
-every algorithm's plan, its DOT and Mermaid text, and the checks that run before launch (SEMANTICS.md §2.7, §3.4)."""
+every algorithm's plan, its DOT and Mermaid text, and the checks that run before launch."""
 
 from __future__ import annotations
 

@@ -45,3 +45,17 @@ def test_python_quickstart_writes_only_under_runs(tmp_path: Path, monkeypatch: p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     saved = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert (tmp_path / saved / "manifest.json").is_file()
+
+
+DESIGN_DOCS = re.compile(r"\b(SEMANTICS|STYLE|PERFORMANCE|ARCHITECTURE)\.md\b|shared/design")
+
+
+def test_nothing_cites_design_documents_outside_the_repository() -> None:
+    # The design documents live outside the repository: a user cannot open them, so no message, docstring,
+    # notebook or README line may send them there (a map inside the repository, such as docs/, may be cited).
+    files = [ROOT / "README.md", *[p for folder in ("flowrl", "examples", "benchmarks", "notebooks", "tests")
+                                   for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".ipynb", ".md")]]
+    citing = [f"{p.relative_to(ROOT)}:{n}" for p in files
+              for n, line in enumerate(p.read_text().splitlines(), 1)
+              if DESIGN_DOCS.search(line) and p.name != "test_readme.py" and "docs/" not in line]
+    assert not citing, f"these lines cite design documents a user cannot open: {citing}"

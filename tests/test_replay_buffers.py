@@ -1,4 +1,4 @@
-"""Replay buffers (SEMANTICS.md §3.3, §6 item 49): segment trees, uniform and prioritized buffers,
+"""Replay buffers: segment trees, uniform and prioritized buffers,
 the multi-agent LocalReplayBuffer and its ReplayActor shard."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Checkpoint, kill the process, ``flowrl train --resume`` in a new one: with a sync plan, a fixed seed and
-whole-episode sampling (SEMANTICS.md §5) the resumed run's next iterations are bit-identical to an
+whole-episode sampling the resumed run's next iterations are bit-identical to an
 uninterrupted run's — policy weights, optimizer state, RNG states, the remote worker's state and counters."""
 
 from __future__ import annotations

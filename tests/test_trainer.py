@@ -1,4 +1,4 @@
-"""The Trainer: one next() per train(), checkpoints, determinism and worker failure (SEMANTICS.md §5, §6 51-52)."""
+"""The Trainer: one next() per train(), checkpoints, determinism and worker failure."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hand-written A3C on Ray actors: the reference for flowrl's A3C plan in the lines-of-code benchmark.
 
-The same algorithm and numerics as ``flowrl.algorithms.a3c.plan`` (SEMANTICS.md §4.3) over the same
+The same algorithm and numerics as ``flowrl.algorithms.a3c.plan`` over the same
 ``WorkerSet``, ``ActorCriticPolicy`` and ``A3CConfig``, written without flowrl's iterators, operators or
 trainer. Every remote worker samples a fragment and computes the loss gradients on it, one request in flight
 per worker. A ``ray.wait`` loop takes each gradient as it arrives, sends that worker its next request at once,

@@ -1,6 +1,6 @@
 """Hand-written Ape-X on Ray actors: the reference for flowrl's Ape-X plan in the lines-of-code benchmark.
 
-The same algorithm and numerics as ``flowrl.algorithms.apex.plan`` (SEMANTICS.md §4.6) over the same
+The same algorithm and numerics as ``flowrl.algorithms.apex.plan`` over the same
 ``WorkerSet``, ``ApexPolicy``, ``ApexConfig``, per-worker epsilons and ``ReplayActor`` shards, written without
 flowrl's iterators, operators or trainer. One driver loop takes turns at three jobs:
 

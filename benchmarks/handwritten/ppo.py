@@ -1,6 +1,6 @@
 """Hand-written PPO on Ray actors: the reference for flowrl's PPO plan in the lines-of-code benchmark.
 
-The same algorithm and numerics as ``flowrl.algorithms.ppo.plan`` (SEMANTICS.md §4.4) over the same
+The same algorithm and numerics as ``flowrl.algorithms.ppo.plan`` over the same
 ``WorkerSet``, ``PPOPolicy`` and ``PPOConfig``, written without flowrl's iterators, operators or trainer.
 Each round gets one fragment from every remote worker (``ray.get`` of one ``sample`` each; with no remote
 workers the local worker samples) until ``train_batch_size`` steps of the trained policies are held. The

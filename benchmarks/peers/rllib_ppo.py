@@ -10,7 +10,7 @@ flowrl                                    RLlib (new API stack: RLModule, Learne
 ========================================  =====================================================================
 2 workers x 4 envs, fragment 500          ``num_env_runners=2``, ``num_envs_per_env_runner=4``,
                                           ``rollout_fragment_length=500`` (1 CPU each); ``--envs-per-runner 1``
-                                          gives PERFORMANCE.md's peer row (2 x 1 env, fragment 2000)
+                                          gives RLlib's default (2 x 1 env, fragment 2000)
 learner in the driver, 1 torch thread     ``num_learners=0`` (local learner), ``torch.set_num_threads(1)``
 train_batch_size 4000                     ``train_batch_size_per_learner=4000``
 sgd_minibatch_size 128, num_sgd_iter 6    ``minibatch_size=128``, ``num_epochs=6``, shuffled each epoch
@@ -43,8 +43,8 @@ RUNNERS, TRAIN_BATCH = 2, 4000
 
 def main() -> None:
     args = parse_args(__doc__, max_steps=300_000, quick_steps=8_000, add_arguments=lambda p: p.add_argument(
-        "--envs-per-runner", type=int, default=4, help="envs per env runner (4: flowrl's 2 x 4; PERFORMANCE.md's "
-                                                       "peer table measured 1); the fragment keeps the batch 4000"))
+        "--envs-per-runner", type=int, default=4, help="envs per env runner (4: flowrl's 2 x 4; 1: RLlib's "
+                                                       "default); the fragment keeps the batch 4000"))
     envs_per_runner = args.envs_per_runner
     if envs_per_runner < 1 or TRAIN_BATCH % (RUNNERS * envs_per_runner):
         raise SystemExit(f"--envs-per-runner={envs_per_runner}: {RUNNERS} runners x envs must divide the train "

@@ -52,8 +52,9 @@ class Algorithm:
         policy_class: the policy its workers run.
         plan: ``plan(workers, config, **trainer_owned_state) -> LocalIterator[dict]``.
         make_owned_state: ``config -> {name: state}``, what the trainer creates once and passes to every
-            (re)built plan as keyword arguments, e.g. ``{"replay_buffer": LocalReplayBuffer(...)}``
-            (SEMANTICS.md §5). Objects with ``get_state``/``set_state`` are checkpointed when the config
+            (re)built plan as keyword arguments, e.g.
+            ``{"replay_buffer": LocalReplayBuffer(...)}``, so it outlives a plan rebuilt after a worker failure.
+            Objects with ``get_state``/``set_state`` are checkpointed when the config
             sets ``store_buffer_in_checkpoints``. ``None``: nothing.
     """
 

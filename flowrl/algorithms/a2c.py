@@ -1,7 +1,7 @@
 """A2C: synchronous advantage actor-critic (RLlib Flow, https://arxiv.org/abs/2011.12719; A3C's synchronous
 variant, https://arxiv.org/abs/1602.01783).
 
-Dataflow (SEMANTICS.md §4.2): the workers sample short fragments in lockstep (``ParallelRollouts(bulk_sync)``),
+Dataflow: the workers sample short fragments in lockstep (``ParallelRollouts(bulk_sync)``),
 the fragments are concatenated to ``train_batch_size`` steps, and each batch takes one gradient step that is
 then broadcast to every worker (``TrainOneStep``, or ``MultiGPUTrainOneStep`` for the multi-device learner).
 With ``microbatch_size`` the batch is cut into microbatches whose gradients are computed one at a time,
@@ -80,7 +80,7 @@ class ActorCriticConfig(TrainerConfig):
 
 @dataclass(frozen=True, kw_only=True)
 class A2CConfig(ActorCriticConfig):
-    """A2C's config (SEMANTICS.md §4.2).
+    """A2C's config.
 
     Attributes:
         rollout_fragment_length: 20 steps per env per sample.
@@ -168,7 +168,7 @@ class ActorCriticPolicy(Policy):
 
 
 def plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[str, Any]]:
-    """A2C (SEMANTICS.md §4.2): sample in lockstep, concat, then train + broadcast, or average microbatch
+    """A2C: sample in lockstep, concat, then train + broadcast, or average microbatch
     gradients and apply them; report.
 
     Examples:

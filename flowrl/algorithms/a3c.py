@@ -1,7 +1,7 @@
 """A3C: asynchronous advantage actor-critic (RLlib Flow, https://arxiv.org/abs/2011.12719; A3C,
 https://arxiv.org/abs/1602.01783).
 
-Dataflow (SEMANTICS.md §4.3): every remote worker samples a short fragment and computes the gradients of
+Dataflow: every remote worker samples a short fragment and computes the gradients of
 the actor-critic loss on it, with one request in flight per worker (``AsyncGradients``). The driver applies
 each gradient to the local policy as it arrives and sends the new weights back to the worker that
 produced it only (``ApplyGradients(update_all=False)``), which then samples its next fragment.
@@ -36,7 +36,7 @@ __all__ = ["A3CConfig", "plan", "ALGORITHM"]
 
 @dataclass(frozen=True, kw_only=True)
 class A3CConfig(ActorCriticConfig):
-    """A3C's config (SEMANTICS.md §4.3); the loss settings are :class:`ActorCriticConfig`'s.
+    """A3C's config; the loss settings are :class:`ActorCriticConfig`'s.
 
     Attributes:
         num_workers: remote workers computing gradients; at least 1.
@@ -55,7 +55,7 @@ class A3CConfig(ActorCriticConfig):
 
 
 def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
-    """A3C (SEMANTICS.md §4.3): gradients from the workers as they come, each applied centrally and answered
+    """A3C: gradients from the workers as they come, each applied centrally and answered
     with fresh weights to its producer alone; report.
 
     It reads only the reporting settings of ``config``, so any policy with ``compute_gradients`` (PPO's,

@@ -1,7 +1,7 @@
 """Ape-X DQN: distributed prioritized replay as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719; Ape-X,
 https://arxiv.org/abs/1803.00933).
 
-Dataflow (SEMANTICS.md §4.6): three sub-flows share ``num_replay_buffer_shards`` trainer-owned ``ReplayActor``\\ s
+Dataflow: three sub-flows share ``num_replay_buffer_shards`` trainer-owned ``ReplayActor``\\ s
 and one ``ApexLearnerThread``. (1) Workers sample asynchronously, each fragment is stored in a random shard, and a
 worker gets fresh weights once it has delivered ``max_weight_sync_delay`` steps. (2) Each shard replays batches
 into the learner's in-queue, paired with the shard. (3) The learner's out-queue sends new priorities back to that
@@ -64,7 +64,7 @@ def per_worker_epsilon(index: int, num_workers: int) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class ApexConfig(DQNConfig):
-    """Ape-X's config: :class:`~flowrl.algorithms.dqn.DQNConfig` with RLlib's Ape-X defaults (SEMANTICS.md §4.6).
+    """Ape-X's config: :class:`~flowrl.algorithms.dqn.DQNConfig` with RLlib's Ape-X defaults.
 
     Attributes:
         num_workers: remote rollout workers (32); worker ``i`` of ``N`` explores with
@@ -121,7 +121,7 @@ class ApexConfig(DQNConfig):
     @property
     def round_robin_weights(self) -> list[float]:
         """The ``[store, replay]`` pulls per round-robin turn when ``training_intensity`` is set; the plan adds
-        ``"*"`` for the update sub-flow (SEMANTICS.md §4.6).
+        ``"*"`` for the update sub-flow.
 
         ``[1, training_intensity / native_ratio]`` with ``native_ratio = train_batch_size / (rollout_fragment_length
         x num_envs_per_worker)``: one async store item is **one** worker's fragment, whatever ``num_workers``.
@@ -226,7 +226,8 @@ class ReplayShards(list[Any]):
 
 
 def make_replay_shards(config: ApexConfig) -> ReplayShards:
-    """The ``num_replay_buffer_shards`` replay actors of SEMANTICS.md §4.6 (``num_cpus=0``, seeded from ``seed``)."""
+    """The ``num_replay_buffer_shards`` replay actors the plan's sub-flows share (``num_cpus=0``, seeded from
+    ``seed``)."""
     return ReplayShards(make_replay_actors(
         config.num_replay_buffer_shards, colocated_with_driver=config.replay_buffer_shards_colocated_with_driver,
         learning_starts=config.learning_starts, capacity=config.buffer_size, replay_batch_size=config.train_batch_size,
@@ -249,7 +250,7 @@ def _shut_down(learner: ApexLearnerThread, own_actors: list[Any]) -> None:
 
 def plan(workers: WorkerSet, config: ApexConfig, *,
          replay_actors: list[Any] | None = None) -> LocalIterator[dict[str, Any]]:
-    """Ape-X (SEMANTICS.md §4.6): (1) store async rollouts in the shards, syncing each worker's weights every
+    """Ape-X: (1) store async rollouts in the shards, syncing each worker's weights every
     ``max_weight_sync_delay`` steps; (2) replay from the shards into the learner thread; (3) priorities back to
     the shards, count, update the target network; async (or round robin by training intensity), emitting (3).
     Each report adds the learner's metrics and ``info["replay_shard_0"]``, shard 0's ``stats()``.

@@ -1,7 +1,7 @@
 """APPO: asynchronous PPO on the IMPALA dataflow (RLlib Flow, https://arxiv.org/abs/2011.12719; PPO,
 https://arxiv.org/abs/1707.06347; IMPALA, https://arxiv.org/abs/1802.01561).
 
-Dataflow (SEMANTICS.md §4.8): exactly IMPALA's plan (§4.7) -- async rollouts, learner weights to each delivering
+Dataflow: exactly IMPALA's plan (:mod:`flowrl.algorithms.impala`) -- async rollouts, learner weights to each delivering
 worker, replay mix-in, concat, a learner thread fed through a bounded queue, its output counted -- with one more
 stage after each learner output: ``UpdateTargetAndKL`` refreshes the target network (and, with ``use_kl_loss``,
 adapts the KL coefficient) every ``num_sgd_iter x minibatch_buffer_size`` learner updates, never by env steps.
@@ -50,7 +50,7 @@ __all__ = ["APPOConfig", "APPOPolicy", "plan", "ALGORITHM"]
 
 @dataclass(frozen=True, kw_only=True)
 class APPOConfig(IMPALAConfig):
-    """APPO's config: :class:`~flowrl.algorithms.impala.IMPALAConfig` with RLlib's APPO defaults (SEMANTICS.md §4.8).
+    """APPO's config: :class:`~flowrl.algorithms.impala.IMPALAConfig` with RLlib's APPO defaults.
 
     Attributes:
         replay_buffer_num_slots: fragments held for replay (100; mixed in only with ``replay_proportion > 0``).
@@ -88,7 +88,7 @@ class APPOConfig(IMPALAConfig):
 
     @property
     def target_update_period(self) -> int:
-        """Learner updates between target refreshes: ``num_sgd_iter x minibatch_buffer_size`` (§4.8)."""
+        """Learner updates between target refreshes: ``num_sgd_iter x minibatch_buffer_size``."""
         return self.num_sgd_iter * self.minibatch_buffer_size
 
 
@@ -187,7 +187,7 @@ class APPOPolicy(IMPALAPolicy):
 
 
 def plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]]:
-    """APPO (SEMANTICS.md §4.8): IMPALA's plan, whose ``after_train_step`` -- ``UpdateTargetAndKL`` by default --
+    """APPO: IMPALA's plan, whose ``after_train_step`` -- ``UpdateTargetAndKL`` by default --
     refreshes the target network (and KL coefficient) every ``target_update_period`` learner updates.
 
     Examples:

@@ -2,7 +2,7 @@
 https://www.nature.com/articles/nature14236; double Q, https://arxiv.org/abs/1509.06461; dueling,
 https://arxiv.org/abs/1511.06581; prioritized replay, https://arxiv.org/abs/1511.05952).
 
-Dataflow (SEMANTICS.md §4.5): two sub-flows share one trainer-owned ``LocalReplayBuffer``. (1) The workers
+Dataflow: two sub-flows share one trainer-owned ``LocalReplayBuffer``. (1) The workers
 sample in lockstep (``ParallelRollouts(bulk_sync)``) and each fragment is stored (``StoreToReplayBuffer``).
 (2) ``Replay`` draws ``train_batch_size`` rows, the learner takes one step and broadcasts (``TrainOneStep``),
 the replayed rows get their new priorities (``UpdatePriorities``) and the target network is refreshed every
@@ -57,7 +57,7 @@ _LOSS_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, NSTEP_DISCOUNTS, 
 
 @dataclass(frozen=True, kw_only=True)
 class DQNConfig(TrainerConfig):
-    """DQN's config: :class:`~flowrl.config.TrainerConfig` with RLlib's DQN defaults (SEMANTICS.md §4.5).
+    """DQN's config: :class:`~flowrl.config.TrainerConfig` with RLlib's DQN defaults.
 
     Attributes:
         num_workers: remote rollout workers (0: the driver samples between train steps).
@@ -156,7 +156,7 @@ class DQNConfig(TrainerConfig):
 
     @property
     def round_robin_weights(self) -> list[float]:
-        """The plan's ``[store, replay]`` pulls per round-robin turn (SEMANTICS.md §4.5).
+        """The plan's ``[store, replay]`` pulls per round-robin turn.
 
         ``[1, 1]`` without ``training_intensity``; otherwise ``[1, training_intensity / native_ratio]`` with
         ``native_ratio = train_batch_size / steps_per_store_item``, where one store item is one fragment from
@@ -440,7 +440,7 @@ class DQNPolicy(Policy):
 
 
 def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
-    """The replay buffer of SEMANTICS.md §4.5 step 1 (seeded from ``config.seed``)."""
+    """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``)."""
     return LocalReplayBuffer(
         num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
         replay_batch_size=config.train_batch_size,
@@ -456,7 +456,7 @@ def make_owned_state(config: DQNConfig) -> dict[str, Any]:
 
 def plan(workers: WorkerSet, config: DQNConfig, *,
          replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
-    """DQN (SEMANTICS.md §4.5): (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
+    """DQN: (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
     the target network; round robin by training intensity, emitting (2); report.
 
     Examples:

@@ -1,7 +1,7 @@
 """IMPALA: importance-weighted actor-learner architecture as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719;
 IMPALA, https://arxiv.org/abs/1802.01561).
 
-Dataflow (SEMANTICS.md §4.7): the workers sample asynchronously (``ParallelRollouts(async)``, a bounded number of
+Dataflow: the workers sample asynchronously (``ParallelRollouts(async)``, a bounded number of
 requests in flight each) and each delivering worker gets the learner's latest weights; fragments are mixed with
 replayed ones, concatenated to ``train_batch_size`` steps and enqueued for a learner thread. A second branch
 dequeues what the learner trained and counts it; ``Concurrently(async)`` runs both, and the learner's output
@@ -60,7 +60,7 @@ _POSITIVE_INTS = ("num_multi_gpu_tower_stacks", "minibatch_buffer_size", "num_sg
 
 @dataclass(frozen=True, kw_only=True)
 class IMPALAConfig(TrainerConfig):
-    """IMPALA's config: :class:`~flowrl.config.TrainerConfig` with RLlib's IMPALA defaults (SEMANTICS.md §4.7).
+    """IMPALA's config: :class:`~flowrl.config.TrainerConfig` with RLlib's IMPALA defaults.
 
     Attributes:
         rollout_fragment_length: 50 steps per env per sample (V-trace's sequence length).
@@ -295,7 +295,7 @@ def _shut_down(learner: LearnerThread | MultiGPULearnerThread, aggregators: list
 
 
 def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
-    """IMPALA (SEMANTICS.md §4.7): async rollouts -> weights to each delivering worker -> replay mix-in -> concat
+    """IMPALA: async rollouts -> weights to each delivering worker -> replay mix-in -> concat
     -> learner thread; its output counted and reported.
 
     With ``num_aggregation_workers = G > 0`` (tree aggregation) the rollout branch is G ``Aggregator`` actors, one

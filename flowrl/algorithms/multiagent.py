@@ -1,5 +1,5 @@
 """Two algorithms on one rollout stream: PPO and DQN train different policies of one multi-agent env
-(RLlib Flow, https://arxiv.org/abs/2011.12719, Figure 8; SEMANTICS.md §4.10).
+(RLlib Flow, https://arxiv.org/abs/2011.12719, Figure 8).
 
 Dataflow: the workers sample in lockstep (``ParallelRollouts(bulk_sync)``) and the stream is
 ``duplicate``\\ d. Branch 1 keeps only ``dqn_policy``'s experiences, stores them in a replay buffer and, round
@@ -84,7 +84,7 @@ def _default_dqn() -> DQNConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class MultiAgentConfig(TrainerConfig):
-    """The two-policy composition's config (SEMANTICS.md §4.10).
+    """The two-policy composition's config.
 
     Attributes:
         env: a multi-agent env callable (:class:`~flowrl.envs.MultiAgentCartPole`, 4 agents via ``env_config``).
@@ -148,7 +148,7 @@ def make_owned_state(config: MultiAgentConfig) -> dict[str, Any]:
 
 def plan(workers: WorkerSet, config: MultiAgentConfig, *,
          replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
-    """PPO + DQN on one duplicated rollout stream (SEMANTICS.md §4.10): the DQN branch stores and replays
+    """PPO + DQN on one duplicated rollout stream: the DQN branch stores and replays
     ``dqn_policy``'s experiences, the PPO branch trains ``ppo_policy`` on its own; async, emitting DQN's.
 
     Examples:

@@ -1,6 +1,6 @@
 """PG: vanilla policy gradient (REINFORCE), the simplest plan (RLlib Flow, https://arxiv.org/abs/2011.12719).
 
-Dataflow (SEMANTICS.md §4.1): the workers sample in lockstep (``ParallelRollouts(bulk_sync)``; with
+Dataflow: the workers sample in lockstep (``ParallelRollouts(bulk_sync)``; with
 ``num_workers=0`` the driver samples), the fragments are concatenated into train batches of
 ``train_batch_size`` steps, and each batch takes one gradient step on the local policy whose weights
 are then broadcast to every worker (``TrainOneStep``). Reports come from ``StandardMetricsReporting``.
@@ -42,7 +42,7 @@ class PGConfig(TrainerConfig):
     """PG's config: :class:`~flowrl.config.TrainerConfig` with RLlib's PG defaults.
 
     Attributes:
-        num_workers: 0, so the driver samples and learns (SEMANTICS.md §4.1).
+        num_workers: 0, so the driver samples and learns.
         lr: Adam learning rate, 4e-4 (RLlib's PG default).
     """
 
@@ -84,8 +84,7 @@ class PGPolicy(Policy):
 
 def train_step(workers: WorkerSet, config: TrainerConfig) -> TrainOneStep | MultiGPUTrainOneStep:
     """The learn-and-broadcast stage of the sync plans (PG, A2C): ``TrainOneStep``, or, when
-    ``config.use_simple_optimizer`` is False, ``MultiGPUTrainOneStep`` with one epoch over the whole batch
-    (SEMANTICS.md §4, common defaults; §4.2 step 3)."""
+    ``config.use_simple_optimizer`` is False, ``MultiGPUTrainOneStep`` with one epoch over the whole batch."""
     if config.use_simple_optimizer:
         return TrainOneStep(workers)
     return MultiGPUTrainOneStep(workers, sgd_minibatch_size=config.train_batch_size, num_sgd_iter=1,
@@ -94,7 +93,7 @@ def train_step(workers: WorkerSet, config: TrainerConfig) -> TrainOneStep | Mult
 
 
 def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
-    """PG (SEMANTICS.md §4.1): sample in lockstep, concat to ``train_batch_size``, train + broadcast, report.
+    """PG: sample in lockstep, concat to ``train_batch_size``, train + broadcast, report.
 
     Any :class:`~flowrl.config.TrainerConfig` works, so another algorithm's policy can run under this plan.
 

@@ -1,7 +1,7 @@
 """PPO: proximal policy optimization as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719; PPO,
 https://arxiv.org/abs/1707.06347).
 
-Dataflow (SEMANTICS.md §4.4): the workers sample in lockstep (``ParallelRollouts(bulk_sync)``), only the
+Dataflow: the workers sample in lockstep (``ParallelRollouts(bulk_sync)``), only the
 trained policies' experiences are kept, the fragments are concatenated to ``train_batch_size`` steps and
 their advantages standardized; the learner then runs ``num_sgd_iter`` epochs of minibatch SGD and broadcasts
 the new weights (``TrainOneStep``, or ``MultiGPUTrainOneStep``), and the KL coefficient adapts to the sampled
@@ -47,7 +47,7 @@ _LOSS_COLUMNS = (OBS, ACTIONS, LOGP, ACTION_DIST_INPUTS, VF_PREDS, ADVANTAGES, V
 
 @dataclass(frozen=True, kw_only=True)
 class PPOConfig(TrainerConfig):
-    """PPO's config: :class:`~flowrl.config.TrainerConfig` with RLlib's PPO defaults (SEMANTICS.md §4.4).
+    """PPO's config: :class:`~flowrl.config.TrainerConfig` with RLlib's PPO defaults.
 
     Attributes:
         rollout_fragment_length: 200 steps per env per sample.
@@ -218,7 +218,7 @@ class PPOPolicy(Policy):
 
 
 def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
-    """PPO (SEMANTICS.md §4.4): sample in lockstep, keep trained policies, concat, standardize advantages,
+    """PPO: sample in lockstep, keep trained policies, concat, standardize advantages,
     minibatch SGD + broadcast, adapt KL; report and check reward scales.
 
     Examples:

@@ -1,4 +1,4 @@
-"""Environments for rollout workers (ARCHITECTURE.md, "The RL substrate").
+"""Environments for rollout workers.
 
 - :func:`make_env` builds a gymnasium env from an id or a callable ``EnvContext -> gymnasium.Env``;
   :func:`derive_seed` gives every worker and env its own seed from one config seed.

@@ -1,5 +1,5 @@
-"""The paper's operators: rollout, train, replay, concurrency and metrics (SEMANTICS.md §3), plus IMPALA's
-tree aggregation (§4.7).
+"""The paper's operators: rollout, train, replay, concurrency and metrics, plus IMPALA's
+tree aggregation.
 
 A plan imports what it wires from here: ``from flowrl.ops import ParallelRollouts, ConcatBatches, ...``.
 Each name also lives in its family module (``flowrl.ops.rollout``, ``.train``, ``.replay``,

@@ -1,4 +1,4 @@
-"""Tree aggregation: actors that turn one group of rollout workers' fragments into train batches (SEMANTICS.md §4.7).
+"""Tree aggregation: actors that turn one group of rollout workers' fragments into train batches.
 
 With many rollout workers a single driver spends its time receiving fragments, concatenating them and
 sending weights. Tree aggregation moves that work into G :class:`Aggregator` actors on the driver's node.

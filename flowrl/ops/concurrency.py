@@ -1,9 +1,9 @@
 """Concurrency operators: sub-flows side by side in one driver thread, and queues to learner threads.
 
-``Concurrently`` interleaves sub-flows (a union, SEMANTICS.md §2.6). ``Enqueue`` and ``Dequeue`` connect
+``Concurrently`` interleaves sub-flows (a union: see ``LocalIterator.union``). ``Enqueue`` and ``Dequeue`` connect
 a dataflow to a ``queue.Queue`` without ever blocking it. The learner threads (``LearnerThread``,
 ``MultiGPULearnerThread``, ``ApexLearnerThread``) train on what arrives in their in-queue and report on
-their out-queue, so sampling and learning overlap (SEMANTICS.md §3.4).
+their out-queue, so sampling and learning overlap.
 
 Examples:
     >>> import queue
@@ -99,7 +99,7 @@ def Concurrently(ops: Sequence[LocalIterator[Any]], *, mode: Literal["round_robi
     ``"async"`` runs each op as fast as it can: an op with nothing ready never holds up the others.
     Ops not listed in ``output_indexes`` are still pulled, so their side effects (storing, training,
     enqueuing) happen; their items are dropped inside the dataflow. All ops end up sharing one metrics
-    context (SEMANTICS.md §1.5). Every check runs here, at construction, and a failed call leaves the ops
+    context. Every check runs here, at construction, and a failed call leaves the ops
     untouched.
 
     Metrics: none of its own (merges the ops' contexts).

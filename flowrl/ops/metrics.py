@@ -1,4 +1,4 @@
-"""Reporting operators: when a plan reports, and what the report holds (SEMANTICS.md §3.5).
+"""Reporting operators: when a plan reports, and what the report holds.
 
 :func:`StandardMetricsReporting` ends every plan. It keeps pulling the train op until a
 :class:`ReportGate` opens (enough new steps **and** enough time), then :class:`CollectMetrics` turns the
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 ResultDict = dict[str, Any]
 
-# Config attributes StandardMetricsReporting reads, with the defaults of SEMANTICS.md §3.5 / §4 for
+# Config attributes StandardMetricsReporting reads, with TrainerConfig's defaults for
 # configs that lack them (e.g. a bare RolloutConfig).
 _CONFIG_DEFAULTS: dict[str, Any] = {"timesteps_per_iteration": 0, "min_iter_time_s": 0,
                                     "metrics_smoothing_episodes": 100, "collect_metrics_timeout": 180,
@@ -356,7 +356,7 @@ class CollectMetrics(MetricsBinding):
         metrics = self.metrics
         custom_metrics = self._custom_metrics(window)
         custom_metrics.update(metrics.info.pop(CUSTOM_METRICS, None) or {})
-        # the bookmark is a counter, so it survives a checkpoint restore and a plan rebuild (SEMANTICS.md §5)
+        # the bookmark is a counter, so it survives a checkpoint restore and a plan rebuild
         timesteps_total = metrics.counters[STEPS_TRAINED_COUNTER if self.by_steps_trained else STEPS_SAMPLED_COUNTER]
         timesteps_this_iter = max(0, timesteps_total - metrics.counters[LAST_REPORT_TIMESTEPS])
         metrics.counters[LAST_REPORT_TIMESTEPS] = timesteps_total
@@ -429,7 +429,8 @@ def StandardMetricsReporting(train_op: LocalIterator[Any], workers: WorkerSet, c
 
 class CountSteps(MetricsBinding):
     """Adds each batch's steps to one named counter and passes the batch on (e.g. the per-policy
-    ``agent_steps_trained_PPO`` / ``agent_steps_trained_DQN`` of the two-policy plan, SEMANTICS.md §4.10).
+    ``agent_steps_trained_PPO`` / ``agent_steps_trained_DQN`` of the two-policy plan in
+    :mod:`flowrl.algorithms.multiagent`).
 
     Use with ``.for_each()``. Metrics: ``counters[counter] += batch.agent_steps()`` (or ``count`` with
     ``by="env_steps"``).
@@ -509,7 +510,7 @@ class WarnAboutBadRewardScales:
 
 class AddReplayShardStats:
     """Consumes result dicts and emits them with ``info[key]`` = a replay shard's ``stats()`` (Ape-X reports
-    shard 0's, SEMANTICS.md §4.6).
+    shard 0's).
 
     Use with ``.for_each()`` after ``StandardMetricsReporting``. Each report waits at most ``timeout_s`` for
     the shard's answer; on timeout it reports the previous answer (``{}`` before the first) and collects the

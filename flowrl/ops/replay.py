@@ -1,7 +1,7 @@
 """Replay operators: store experience, replay it, update priorities, mix replays into a stream.
 
 Writing to replay (:class:`StoreToReplayBuffer`) and reading from it (:func:`Replay`) are separate
-pieces (SEMANTICS.md §3.3). Both take either a buffer in this process (``local_buffer=``, e.g. a
+pieces. Both take either a buffer in this process (``local_buffer=``, e.g. a
 :class:`~flowrl.replay_buffers.LocalReplayBuffer`) or replay shard actors (``actors=``, made by
 :func:`~flowrl.replay_buffers.make_replay_actors`), never both. An empty replay says "nothing yet"
 through the iterator core's public mechanisms: a local ``Replay`` is a ``from_poll`` source, and the

@@ -1,7 +1,7 @@
 """Rollout operators: where experience enters a plan, and how fragments become train batches.
 
 ``ParallelRollouts`` and ``AsyncGradients`` are sources (functions returning an iterator);
-``ConcatBatches``, ``SelectExperiences`` and ``StandardizeFields`` are stages (SEMANTICS.md §3.1).
+``ConcatBatches``, ``SelectExperiences`` and ``StandardizeFields`` are stages.
 
 Examples:
     >>> from flowrl.testing import make_fake_workers
@@ -70,7 +70,8 @@ def ParallelRollouts(workers: WorkerSet, *, mode: Literal["bulk_sync", "async", 
     """The experience source: fragments from the workers, counted into ``num_steps_sampled``.
 
     ``"bulk_sync"`` yields one fragment from **every** remote worker per item, concatenated (the
-    on-policy guarantee of SEMANTICS.md §3.1 holds with TrainOneStep); ``"async"`` yields each worker's
+    samples of one round were all taken with the weights of the last broadcast, so the plan stays on-policy with
+    TrainOneStep); ``"async"`` yields each worker's
     fragment as it arrives (``num_async`` requests in flight per worker, ``current_actor`` = the
     producer); ``"raw"`` returns the ParallelIterator over the workers itself (nothing counted). With no
     remote workers, ``"bulk_sync"`` and ``"async"`` sample the local worker.

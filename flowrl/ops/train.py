@@ -1,8 +1,8 @@
 """Train operators: learn on batches, apply and average gradients, broadcast weights, update targets.
 
-Each operator does one job (STYLE.md §2.4). ``TrainOneStep`` keeps the paper's meaning, learn then
+Each operator does one job. ``TrainOneStep`` keeps the paper's meaning, learn then
 broadcast, and is built from :class:`LearnOnBatch` and :class:`BroadcastWeights`, each usable alone.
-Every broadcast follows the weight broadcast rule of SEMANTICS.md §3.0: one ``ray.put``, that
+Every broadcast follows one rule: one ``ray.put``, that
 reference sent to each recipient with ``global_vars = {"timestep": num_steps_sampled}``, fire and
 forget (``WorkerSet.put_weights`` / ``WorkerSet.send_weights``).
 
@@ -51,7 +51,7 @@ LearnerInfo = dict[str, dict[str, Any]]
 # -- shared helpers ---------------------------------------------------------------------------------
 
 def _global_vars(metrics: MetricsContext) -> dict[str, int]:
-    """What every weight update carries (SEMANTICS.md §1.6)."""
+    """What every weight update carries."""
     return {"timestep": metrics.counters[STEPS_SAMPLED_COUNTER]}
 
 
@@ -579,7 +579,7 @@ class AverageGradients:
 
     Use with ``.for_each()`` after ``.batch(k)``. Nested dicts, lists and tuples of numpy arrays or
     tensors are averaged leaf by leaf over the list's actual length (a final partial batch included).
-    This is a true mean: upstream RLlib summed (SEMANTICS.md §3.2), so port its learning rates times k.
+    This is a true mean: upstream RLlib summed, so port its learning rates times k.
 
     Metrics: none.
 
@@ -831,7 +831,7 @@ class UpdateTargetAndKL(MetricsBinding):
     ``.for_each()``. ``config`` provides ``target_update_period`` (learner updates; APPO:
     ``num_sgd_iter x minibatch_buffer_size``) and ``use_kl_loss``. It fires iff ``num_learner_updates >=
     last_target_update_ts + target_update_period``: ``update_target()`` on each trainable policy and, with
-    ``use_kl_loss``, :class:`UpdateKL` on the info. Sampled env steps play no part (SEMANTICS.md §4.8).
+    ``use_kl_loss``, :class:`UpdateKL` on the info. Sampled env steps play no part.
 
     Metrics: times ``target_net_update``; ``num_target_updates += 1``; ``last_target_update_ts =
     num_learner_updates``.

@@ -1,4 +1,4 @@
-"""A2C (SEMANTICS.md §4.2) and the actor-critic policy it shares with A3C: config, GAE postprocessing and
+"""A2C and the actor-critic policy it shares with A3C: config, GAE postprocessing and
 bootstrapping, the loss, the plan's three variants, determinism and a seeded learning check."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_plan_variants_read_like_the_figure(kwargs: dict[str, Any], middle: str)
 
 
 def test_microbatches_average_to_the_full_batch_step() -> None:
-    """Two microbatches of 20 whose gradients are averaged (a mean, SEMANTICS.md §3.2) update the weights as one
+    """Two microbatches of 20 whose gradients are averaged (a mean) update the weights as one
     batch of 40 does: the loss is a mean, so the mean of the halves' gradients is the whole batch's gradient."""
     weights = []
     for microbatch_size in (None, 20):

@@ -1,4 +1,4 @@
-"""A3C (SEMANTICS.md §4.3): config, the plan against fake workers (each gradient answered with weights to its
+"""A3C: config, the plan against fake workers (each gradient answered with weights to its
 producer alone), a seeded learning check, and plans being swappable (another algorithm's policy, untouched,
 trains under the A3C plan)."""
 

@@ -1,4 +1,4 @@
-"""Ape-X (SEMANTICS.md §4.6): config and round-robin weights, per-worker epsilons, worker-side priorities, the
+"""Ape-X: config and round-robin weights, per-worker epsilons, worker-side priorities, the
 plan's shape and size, shutdown, the three sub-flows, the trainer-owned shards and seeded learning checks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""APPO (SEMANTICS.md §4.8): config, the clipped surrogate on target-policy V-trace targets, target updates counted
+"""APPO: config, the clipped surrogate on target-policy V-trace targets, target updates counted
 in learner updates (§6 item 54), the plan against fake workers (shape, line count, learner stopped on close), and
 a seeded learning check on CartPole."""
 

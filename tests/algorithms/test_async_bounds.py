@@ -1,4 +1,4 @@
-"""The asynchronous plans keep their bounds under load (issue 6, done-when 4; SEMANTICS.md §1.4, §4.6-4.8).
+"""The asynchronous plans keep their bounds under load (issue 6, done-when 4).
 
 The REAL plans (IMPALA, and APPO / Ape-X when their modules import) run over fake workers whose learner is slow
 (``learn_delay_s``), so sampling is throttled by the learner, never buffered without bound. Over many reports

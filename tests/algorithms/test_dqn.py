@@ -1,4 +1,4 @@
-"""DQN (SEMANTICS.md §4.5): config and training-intensity weights, n-step postprocessing, the Q-loss, the target
+"""DQN: config and training-intensity weights, n-step postprocessing, the Q-loss, the target
 network, epsilon-greedy acting, the plan's shape, the learning_starts gate, determinism and a seeded learning check."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_round_robin_weights_follow_training_intensity(kwargs: dict[str, Any], w
 
 
 def test_round_robin_weights_are_finite_with_zero_remote_workers() -> None:
-    """SEMANTICS.md §6.47 / §4.11.17: with num_workers=0 the local worker samples one fragment per store item."""
+    """With num_workers=0 the local worker samples one fragment per store item."""
     weights = DQNConfig(num_workers=0, training_intensity=10).round_robin_weights
     assert all(math.isfinite(w) and w > 0 for w in weights)
     assert weights == DQNConfig(num_workers=1, training_intensity=10).round_robin_weights == [1.0, 1.25]

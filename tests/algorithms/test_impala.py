@@ -1,4 +1,4 @@
-"""IMPALA (SEMANTICS.md §4.7): config, the V-trace loss over a concatenated train batch, the plan against fake
+"""IMPALA: config, the V-trace loss over a concatenated train batch, the plan against fake
 workers (shape, line count, learner thread stopped on close), tree aggregation (fresh-step counting, per-group
 gathering, weights to every worker, aggregators killed on close, validation), and learning checks on CartPole."""
 

@@ -1,4 +1,4 @@
-"""The two-policy composition (SEMANTICS.md §4.10): PPO and DQN train different agents of one
+"""The two-policy composition: PPO and DQN train different agents of one
 MultiAgentCartPole from one duplicated rollout stream."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PG (SEMANTICS.md §4.1): config, REINFORCE postprocessing and loss, the plan's shape, determinism, and a
+"""PG: config, REINFORCE postprocessing and loss, the plan's shape, determinism, and a
 seeded learning check on CartPole-v1.
 
 ``train_until``, ``first_results`` and ``comparable`` are shared with the A2C and A3C tests.
@@ -31,13 +31,13 @@ WALL_CLOCK_KEYS = ("timers", "time_this_iter_s", "time_total_s")
 
 
 def plan_code_lines(fn: Plan) -> int:
-    """Non-blank source lines of a plan function, docstring excluded (STYLE.md §2.2: at most 25)."""
+    """Non-blank source lines of a plan function, docstring excluded."""
     source = inspect.getsource(fn).replace(f'"""{fn.__doc__}"""', "")
     return sum(1 for line in source.splitlines() if line.strip())
 
 
 def comparable(result: dict[str, Any]) -> str:
-    """A result dict without its wall-clock entries (SEMANTICS.md §5), as text so that nan equals nan."""
+    """A result dict without its wall-clock entries, as text so that nan equals nan."""
     kept = {k: v for k, v in result.items() if k not in WALL_CLOCK_KEYS}
     kept["info"] = {k: v for k, v in result["info"].items() if k != TIMING_BREAKDOWN_INFO}
     return repr(kept)

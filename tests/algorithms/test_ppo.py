@@ -1,4 +1,4 @@
-"""PPO (SEMANTICS.md §4.4): config validation, GAE postprocessing and bootstrapping, the loss pieces (clipped
+"""PPO: config validation, GAE postprocessing and bootstrapping, the loss pieces (clipped
 surrogate, value clipping, entropy, adaptive KL), the plan's shape, determinism and seeded learning checks."""
 
 from __future__ import annotations

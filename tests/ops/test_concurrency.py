@@ -1,4 +1,4 @@
-"""flowrl.ops.concurrency against fakes (SEMANTICS.md §3.4; §6 items 13, 42, 43, 48, 50)."""
+"""flowrl.ops.concurrency against fakes."""
 
 from __future__ import annotations
 

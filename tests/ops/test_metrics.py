@@ -1,4 +1,4 @@
-"""Reporting operators with injected clocks, fake workers and stub workers (SEMANTICS.md §3.5; §6 items 45, 46)."""
+"""Reporting operators with injected clocks, fake workers and stub workers."""
 
 from __future__ import annotations
 

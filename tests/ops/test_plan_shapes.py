@@ -1,4 +1,4 @@
-"""Whole plan shapes wired from the operators, against fake workers (SEMANTICS.md §6 items 32 and 44).
+"""Whole plan shapes wired from the operators, against fake workers.
 
 The IMPALA shape: async rollouts -> per-fragment weight sync -> ConcatBatches -> Enqueue into a learner
 thread, and Dequeue of its output, in one async Concurrently.
@@ -29,7 +29,7 @@ FRAGMENT, TRAIN_BATCH, QUEUE_SIZE, IN_FLIGHT = 10, 20, 2, 2
 
 def impala_shape(workers: WorkerSet, learner: LearnerThread, delivered: dict[Any, list[int]],
                  replay_proportion: float = 0.0) -> Any:
-    """The plan of SEMANTICS.md §4.7; ``delivered`` records each worker's fragment versions."""
+    """IMPALA's plan; ``delivered`` records each worker's fragment versions."""
 
     def note_fragment(item: tuple[Any, AnyBatch]) -> tuple[Any, AnyBatch]:
         actor, batch = item
@@ -121,7 +121,7 @@ def test_replayed_batches_are_trained_but_never_counted_as_sampled() -> None:
 
 
 def test_two_policies_share_one_rollout_stream_and_broadcast_only_their_own_weights() -> None:
-    """SEMANTICS.md §4.10 / §6 item 53: duplicate() into a PPO sub-flow and a DQN sub-flow."""
+    """The two-policy composition: duplicate() into a PPO sub-flow and a DQN sub-flow."""
     workers = make_fake_workers(1, rollout_fragment_length=50, env=lambda ctx: None,
                                 policies={"ppo_policy": PolicySpec(), "dqn_policy": PolicySpec()},
                                 policy_mapping_fn={"agent_0": "ppo_policy", "agent_1": "dqn_policy"})

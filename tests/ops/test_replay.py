@@ -1,5 +1,4 @@
-"""Replay operators against local buffers, replay actors and small fake shards (SEMANTICS.md §3.3;
-§6 items 13, 39–41, 47)."""
+"""Replay operators against local buffers, replay actors and small fake shards."""
 
 from __future__ import annotations
 

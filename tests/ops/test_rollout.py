@@ -1,4 +1,4 @@
-"""Rollout operators against fake workers (SEMANTICS.md §6 items 31, 33-35)."""
+"""Rollout operators against fake workers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Train operators against fake workers (SEMANTICS.md §3.2; §6 items 32, 33, 36–38)."""
+"""Train operators against fake workers."""
 
 from __future__ import annotations
 
