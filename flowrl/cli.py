@@ -619,7 +619,7 @@ def _write_plot(run_dir: Path) -> None:
 @click.option("--render", is_flag=True, help="Show the env on screen (render_mode=human), one episode at a time.")
 @click.option("--video", "video_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Record each episode as an mp4 into this folder (render_mode=rgb_array; needs moviepy: "
-                   "pip install 'flowrl[video]').")
+                   'pip install "flowrl[video]").')
 def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: bool, video_dir: Path | None) -> None:
     """Report the mean (min, max) return of a checkpoint's policy over complete episodes; for a multi-agent
     checkpoint, also each policy's (the mean return of the agents it plays).

@@ -215,7 +215,7 @@ def _rendering(env: EnvSpec, mode: RenderMode, video_dir: Path | None,
         except gym.error.DependencyNotInstalled:
             made.close()
             raise ImportError("recording videos needs moviepy (gymnasium's RecordVideo writes them with it); "
-                              "install it with: pip install 'flowrl[video]'") from None
+                              'install it with: pip install "flowrl[video]"') from None
 
     return make
 
@@ -235,7 +235,7 @@ def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: 
         seed: seeds the envs; ``None`` is random.
         render: show the env (``render_mode="human"``), one episode after another.
         video_dir: record each episode into this folder as an mp4 (gymnasium's ``RecordVideo`` with
-            ``render_mode="rgb_array"``; needs moviepy: ``pip install 'flowrl[video]'``), one episode after
+            ``render_mode="rgb_array"``; needs moviepy: ``pip install "flowrl[video]"``), one episode after
             another.
 
     Raises:

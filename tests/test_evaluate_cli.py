@@ -33,7 +33,7 @@ class UnrenderedCartPole(CartPoleEnv):
 
 
 if UNRENDERED not in gym.registry:
-    gym.register(UNRENDERED, entry_point=UnrenderedCartPole, max_episode_steps=30)
+    gym.register(UNRENDERED, entry_point=lambda **kwargs: UnrenderedCartPole(**kwargs), max_episode_steps=30)
 
 
 def invoke(*args: object) -> Result:
@@ -129,4 +129,4 @@ def test_video_without_moviepy_is_one_line(cartpole: Path, tmp_path: Path, monke
     result = invoke("evaluate", cartpole, "--video", tmp_path / "videos")
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert result.output == ("Error: recording videos needs moviepy (gymnasium's RecordVideo writes them with it); "
-                             "install it with: pip install 'flowrl[video]'\n")
+                             'install it with: pip install "flowrl[video]"\n')
