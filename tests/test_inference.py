@@ -22,7 +22,8 @@ from flowrl.algorithms.dqn import DQNConfig, DQNPolicy
 from flowrl.algorithms.multiagent import DQN_POLICY, PPO_POLICY, MultiAgentConfig
 from flowrl.algorithms.pg import PGConfig
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy
-from flowrl.envs import EnvContext
+from flowrl.config import ModelConfig, PolicySpec
+from flowrl.envs import EnvContext, MultiAgentCartPole
 from flowrl.inference import TrainedPolicy, load, load_policies
 from flowrl.trainer import Trainer
 
@@ -112,6 +113,18 @@ def test_a_checkpoint_whose_env_was_a_callable_loads(tmp_path: Path) -> None:
     expected = trainer.get_policy().compute_actions(OBS, explore=False)[0]
     trainer.stop()
     np.testing.assert_array_equal(load(path).compute_actions(OBS), expected)
+
+
+def test_a_policies_map_that_data_cannot_rebuild_is_refused_clearly(tmp_path: Path) -> None:
+    small = PPOConfig(model=ModelConfig(hidden_sizes=(16,)))  # p1's own network: lost if rebuilt from defaults
+    config = PPOConfig(env=MultiAgentCartPole, env_config={"num_agents": 2}, num_workers=0, seed=0,
+                       policies={"p0": PolicySpec(), "p1": PolicySpec(config=small)},
+                       policy_mapping_fn={"agent_0": "p0", "agent_1": "p1"})
+    trainer, path = trained("ppo", config, tmp_path, iterations=0)
+    trainer.stop()
+    with pytest.raises(ValueError, match=r"checkpoint .*: this config holds .*a non-data field policies .*restore it "
+                                         r"from Python with Trainer"):
+        load(path, "p1")
 
 
 def test_a_checkpoint_written_before_the_spaces_were_stored_loads_from_its_env(tmp_path: Path) -> None:
