@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT_VERSION", "write_checkpoint", "read_checkpoint", "checkpoint_algorithm"]
+__all__ = ["FORMAT_VERSION", "write_checkpoint", "read_checkpoint", "checkpoint_algorithm", "find_checkpoint"]
 
 FORMAT_VERSION = 1
 _MANIFEST, _TREE, _ARRAYS = "manifest.json", "state.json", "arrays.npz"
@@ -105,6 +106,28 @@ def _read_manifest(path: Path) -> tuple[int, str, dict[str, str]]:
         raise ValueError(f"{manifest_path} has checkpoint format {version!r}, newer than this flowrl's "
                          f"{FORMAT_VERSION}; restore it with the flowrl version that wrote it")
     return version, owner, sums
+
+
+def _is_checkpoint(path: Path) -> bool:
+    return (path / _MANIFEST).is_file()
+
+
+def find_checkpoint(path: Path | str) -> Path:
+    """``path`` if it is a checkpoint, else the latest ``checkpoint_*`` in it or in its ``checkpoints/`` (so a
+    run directory of ``flowrl train`` names its latest checkpoint).
+
+    Raises:
+        ValueError: ``path`` is no checkpoint and holds none.
+    """
+    path = Path(path)
+    if _is_checkpoint(path):
+        return path
+    for folder in (path, path / "checkpoints"):
+        found = [p for p in folder.glob("checkpoint_*") if _is_checkpoint(p)] if folder.is_dir() else []
+        if found:
+            return max(found, key=lambda p: (int(m.group()) if (m := re.search(r"\d+$", p.name)) else -1, p.name))
+    raise ValueError(f"{str(path)!r} is not a checkpoint (no {_MANIFEST}) and holds no checkpoint_* directory; "
+                     f"pass a path that `flowrl train` printed")
 
 
 def checkpoint_algorithm(path: Path | str) -> str:

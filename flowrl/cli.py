@@ -411,20 +411,14 @@ class _Progress:
 
 # -- paths --------------------------------------------------------------------------------------
 
-def _is_checkpoint(path: Path) -> bool:
-    return (path / "manifest.json").is_file()
-
-
 def _find_checkpoint(path: Path, param_hint: str) -> Path:
     """``path`` if it is a checkpoint, else the latest ``checkpoint_*`` in it or in its ``checkpoints/``."""
-    if _is_checkpoint(path):
-        return path
-    for folder in (path, path / "checkpoints"):
-        found = [p for p in folder.glob("checkpoint_*") if _is_checkpoint(p)] if folder.is_dir() else []
-        if found:
-            return max(found, key=lambda p: (int(m.group()) if (m := re.search(r"\d+$", p.name)) else -1, p.name))
-    raise click.BadParameter(f"{str(path)!r} is not a checkpoint (no manifest.json) and holds no checkpoint_* "
-                             f"directory; pass a path that `flowrl train` printed", param_hint=param_hint)
+    from flowrl._checkpoint import find_checkpoint
+
+    try:
+        return find_checkpoint(path)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=param_hint) from None
 
 
 def _env_name(env: Any) -> str:
@@ -622,22 +616,42 @@ def _write_plot(run_dir: Path) -> None:
 @click.option("--explore/--no-explore", default=False, show_default=True,
               help="Sample actions (--explore) or act greedily (--no-explore).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seeds the envs.")
-def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int) -> None:
-    """Report the mean (min, max) return of a checkpoint's policy over complete episodes.
+@click.option("--render", is_flag=True, help="Show the env on screen (render_mode=human), one episode at a time.")
+@click.option("--video", "video_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Record each episode as an mp4 into this folder (render_mode=rgb_array; needs moviepy: "
+                   'pip install "flowrl[video]").')
+def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: bool, video_dir: Path | None) -> None:
+    """Report the mean (min, max) return of a checkpoint's policy over complete episodes; for a multi-agent
+    checkpoint, also each policy's (the mean return of the agents it plays).
 
     CHECKPOINT is a checkpoint directory, or a directory (a run dir or its checkpoints/) whose latest
-    checkpoint_* is taken. Single-agent algorithms only.
+    checkpoint_* is taken. The policies are loaded without Ray or rollout workers.
     """
-    from flowrl.evaluation import evaluate_checkpoint
+    from flowrl.evaluation import RenderError, evaluate_checkpoint
 
+    if render and video_dir is not None:
+        raise click.UsageError("give --render or --video, not both (a video records the rgb_array render mode)")
     path = _find_checkpoint(checkpoint, "'CHECKPOINT'")
     try:
-        result = evaluate_checkpoint(path, episodes=episodes, explore=explore, seed=seed)
+        result = evaluate_checkpoint(path, episodes=episodes, explore=explore, seed=seed, render=render,
+                                     video_dir=video_dir)
+    except RenderError as e:
+        raise click.BadParameter(str(e), param_hint="'--video'" if video_dir is not None else "'--render'") from None
+    except ImportError as e:
+        raise click.ClickException(str(e)) from None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="'CHECKPOINT'") from None
     mode = "exploring" if explore else "greedy"
+    mean_length = sum(result.lengths) / len(result.lengths)
     click.echo(f"{path}: {len(result.returns)} episodes ({mode}): mean return {result.mean:.2f} "
-               f"(min {result.min:.2f}, max {result.max:.2f}), mean length {sum(result.lengths) / len(result.lengths):.1f}")
+               f"(min {result.min:.2f}, max {result.max:.2f}), mean length {mean_length:.1f}"
+               + (" (all agents' rewards)" if result.policy_returns else ""))
+    width = max((len(pid) for pid in result.policy_returns), default=0)
+    for pid, returns in result.policy_returns.items():
+        click.echo(f"  {pid:<{width}}  mean return {sum(returns) / len(returns):.2f} (min {min(returns):.2f}, "
+                   f"max {max(returns):.2f}) over {len(returns)} episodes")
+    if video_dir is not None:
+        click.echo(f"videos: {video_dir}")
 
 
 @main.command()

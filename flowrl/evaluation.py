@@ -4,8 +4,11 @@
 as a rollout worker) with ``policy.compute_actions(obs, explore=...)`` until every env has finished its
 share of the episodes. Each env contributes its *first* episodes, so short episodes are not
 over-counted (taking whichever N finish first across envs would favour them).
-:func:`evaluate_checkpoint` rebuilds the policy of a registered algorithm from a checkpoint's saved
-config and weights. Single-agent only.
+:func:`evaluate_multi_agent` does the same for the policies of a multi-agent env, each acting for the
+agents mapped to it, and also reports each policy's returns.
+:func:`evaluate_checkpoint` rebuilds a registered algorithm's policies from a checkpoint
+(:func:`flowrl.inference.load_policies`: no Ray, no workers) and evaluates them on the saved config's env,
+optionally rendering it on screen or recording one video per episode.
 
 Examples:
     >>> import gymnasium as gym
@@ -21,21 +24,30 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
 
+import gymnasium as gym
 import numpy as np
 
-from flowrl._checkpoint import read_checkpoint
-from flowrl.envs import VectorEnv
+from flowrl.envs import (EnvContext, EnvSpec, MultiAgentVectorEnv, PolicyMapping, VectorEnv, make_env,
+                         make_policy_mapping)
 from flowrl.policy import Policy
 from flowrl.sample_batch import DEFAULT_POLICY_ID
-from flowrl.trainer import load_checkpoint_config
 
-__all__ = ["EvaluationResult", "evaluate_policy", "evaluate_checkpoint", "MAX_EVAL_ENVS"]
+__all__ = ["EvaluationResult", "RenderError", "evaluate_policy", "evaluate_multi_agent", "evaluate_checkpoint",
+           "MAX_EVAL_ENVS"]
 
 MAX_EVAL_ENVS = 16
-"""At most this many envs are stepped together by :func:`evaluate_checkpoint`."""
+"""At most this many envs are stepped together by :func:`evaluate_checkpoint` (one when it renders)."""
+
+RenderMode = Literal["human", "rgb_array"]
+
+
+class RenderError(ValueError):
+    """The env cannot render as asked (a mode it does not offer, or a multi-agent env)."""
 
 
 @dataclass(frozen=True)
@@ -43,14 +55,17 @@ class EvaluationResult:
     """The returns and lengths of the evaluated episodes, in order of each env's episodes.
 
     Attributes:
-        returns: one return per episode.
+        returns: one return per episode (for a multi-agent env, the sum of all agents' rewards).
         lengths: one length (env steps) per episode.
         explore: whether actions were sampled (True) or greedy (False).
+        policy_returns: multi-agent only: policy id -> its return in each episode where it acted (the mean
+            return of the agents mapped to it, as training reports ``policy_reward_mean``); empty otherwise.
     """
 
     returns: tuple[float, ...]
     lengths: tuple[int, ...]
     explore: bool = False
+    policy_returns: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
@@ -73,6 +88,11 @@ def _check_episodes(episodes: object) -> None:
         raise ValueError(f"episodes={episodes!r} must be an int >= 1 (complete episodes to evaluate)")
 
 
+def _quota(episodes: int, num_envs: int) -> list[int]:
+    """Env ``i`` runs ``episodes // N`` episodes, plus one for the first ``episodes % N`` envs."""
+    return [episodes // num_envs + (1 if i < episodes % num_envs else 0) for i in range(num_envs)]
+
+
 def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: bool = False) -> EvaluationResult:
     """The first episodes of each env of ``env`` (``episodes`` in all), acting with ``policy``.
 
@@ -87,9 +107,8 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
         ValueError: ``episodes < 1``.
     """
     _check_episodes(episodes)
-    n = env.num_envs
-    quota = [episodes // n + (1 if i < episodes % n else 0) for i in range(n)]
-    per_env: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+    quota = _quota(episodes, env.num_envs)
+    per_env: list[list[tuple[float, int]]] = [[] for _ in quota]
     obs = env.reset()
     while any(len(done) < want for done, want in zip(per_env, quota)):
         actions, _ = policy.compute_actions(obs, explore=explore)
@@ -103,32 +122,155 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
                             explore=explore)
 
 
+def evaluate_multi_agent(policies: Mapping[str, Policy], env: MultiAgentVectorEnv, mapping: PolicyMapping, *,
+                         episodes: int, explore: bool = False) -> EvaluationResult:
+    """:func:`evaluate_policy` for a multi-agent env: each agent acts with ``policies[mapping(agent_id)]``
+    (one batched ``compute_actions`` per policy and step); the result also holds each policy's returns.
+
+    Args:
+        policies: policy id -> policy, for every id ``mapping`` yields.
+        env: a fresh multi-agent vector env (it is reset here); episodes are shared among its envs as in
+            :func:`evaluate_policy`.
+        mapping: agent id -> policy id (:func:`flowrl.envs.make_policy_mapping`).
+        episodes: how many complete episodes, >= 1.
+        explore: sample actions (True) or take the most likely one (False, greedy).
+
+    Raises:
+        ValueError: ``episodes < 1``, or an agent mapped to a policy that ``policies`` lacks.
+
+    Examples:
+        >>> from flowrl.envs import MultiAgentCartPole
+        >>> from flowrl.policy import PolicyConfig
+        >>> env = MultiAgentVectorEnv(MultiAgentCartPole, 2, seed=0, config={"num_agents": 2})
+        >>> probe = env.envs[0]
+        >>> policy = Policy(probe.observation_space("agent_0"), probe.action_space("agent_0"), PolicyConfig(seed=0))
+        >>> mapping = make_policy_mapping({"agent_0": "a", "agent_1": "b"}, ["a", "b"])
+        >>> result = evaluate_multi_agent({"a": policy, "b": policy}, env, mapping, episodes=3)
+        >>> len(result.returns), sorted(result.policy_returns), len(result.policy_returns["a"])
+        (3, ['a', 'b'], 3)
+    """
+    _check_episodes(episodes)
+    quota = _quota(episodes, env.num_envs)
+    per_env: list[list[tuple[float, int, dict[str, float]]]] = [[] for _ in quota]
+    obs = env.reset()
+    while any(len(done) < want for done, want in zip(per_env, quota)):
+        by_policy: dict[str, list[tuple[int, str]]] = {}
+        for i, agents in enumerate(obs):
+            for aid in agents:
+                by_policy.setdefault(mapping(aid), []).append((i, aid))
+        actions: list[dict[str, Any]] = [{} for _ in obs]
+        for pid, keys in by_policy.items():
+            if pid not in policies:
+                raise ValueError(f"agent {keys[0][1]!r} maps to policy {pid!r}, which is not among the policies "
+                                 f"given ({sorted(policies)})")
+            acts, _ = policies[pid].compute_actions(np.stack([obs[i][aid] for i, aid in keys]), explore=explore)
+            for row, (i, aid) in enumerate(keys):
+                actions[i][aid] = acts[row]
+        step = env.step(actions)
+        for ep in step.episodes:
+            if len(per_env[ep.env_index]) < quota[ep.env_index]:
+                by_pid: dict[str, list[float]] = {}
+                for aid, ret in ep.agent_returns.items():
+                    by_pid.setdefault(mapping(aid), []).append(ret)
+                per_env[ep.env_index].append((float(ep.episode_return), int(ep.episode_length),
+                                              {pid: float(np.mean(rets)) for pid, rets in by_pid.items()}))
+        obs = step.obs
+    finished = [ep for done in per_env for ep in done]
+    policy_returns: dict[str, list[float]] = {}
+    for _, _, by_policy_return in finished:
+        for pid, ret in by_policy_return.items():
+            policy_returns.setdefault(pid, []).append(ret)
+    return EvaluationResult(returns=tuple(r for r, _, _ in finished), lengths=tuple(n for _, n, _ in finished),
+                            explore=explore,
+                            policy_returns={pid: tuple(r) for pid, r in sorted(policy_returns.items())})
+
+
+def _env_name(env: EnvSpec) -> str:
+    return env if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+
+
+def _rendering(env: EnvSpec, mode: RenderMode, video_dir: Path | None,
+               episodes: int) -> Callable[[EnvContext], gym.Env[Any, Any]]:
+    """An env callable building ``env`` with ``render_mode=mode`` (checked), wrapped in gymnasium's
+    ``RecordVideo`` (one video per episode, the first ``episodes`` only) when ``video_dir`` is given."""
+
+    def make(ctx: EnvContext) -> gym.Env[Any, Any]:
+        with warnings.catch_warnings():  # gymnasium warns of a mode the env does not list; the check below says it
+            warnings.simplefilter("ignore")
+            try:
+                made = make_env(env, dataclasses.replace(ctx, config={**ctx.config, "render_mode": mode}))
+            except TypeError as e:
+                raise RenderError(f"env {_env_name(env)} cannot be built with render_mode={mode!r} ({e})") from None
+        offered = list(made.metadata.get("render_modes", []))
+        if made.render_mode != mode or mode not in offered:
+            made.close()
+            raise RenderError(f"env {_env_name(env)} cannot render in {mode!r} mode (its render modes: {offered})")
+        if video_dir is None:
+            return made
+        from gymnasium.wrappers import RecordVideo
+
+        try:
+            return RecordVideo(made, str(video_dir), episode_trigger=lambda episode: episode < episodes,
+                               disable_logger=True)
+        except gym.error.DependencyNotInstalled:
+            made.close()
+            raise ImportError("recording videos needs moviepy (gymnasium's RecordVideo writes them with it); "
+                              'install it with: pip install "flowrl[video]"') from None
+
+    return make
+
+
 def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: bool = False,
-                        seed: int | None = 0) -> EvaluationResult:
-    """Rebuilds a checkpoint's policy (its algorithm's policy class, saved config and weights, on the CPU)
-    and evaluates it on the config's env with :func:`evaluate_policy`.
+                        seed: int | None = 0, render: bool = False,
+                        video_dir: str | Path | None = None) -> EvaluationResult:
+    """Rebuilds a checkpoint's policies (:func:`flowrl.inference.load_policies`: the algorithm's policy
+    classes with the saved config and state, on the CPU, without Ray) and evaluates them on the config's
+    env with :func:`evaluate_policy`, or :func:`evaluate_multi_agent` for a multi-agent config.
 
     Args:
         checkpoint_path: a checkpoint written by :meth:`flowrl.trainer.Trainer.save` of a registered algorithm.
         episodes: complete episodes to run, >= 1.
-        explore: sample actions (True) or act greedily (False).
-        seed: seeds the envs (and the action sampling with ``explore``); ``None`` is random.
+        explore: sample actions (True; the draws go on from the policy's saved sampling state) or act
+            greedily (False).
+        seed: seeds the envs; ``None`` is random.
+        render: show the env (``render_mode="human"``), one episode after another.
+        video_dir: record each episode into this folder as an mp4 (gymnasium's ``RecordVideo`` with
+            ``render_mode="rgb_array"``; needs moviepy: ``pip install "flowrl[video]"``), one episode after
+            another.
 
     Raises:
-        ValueError: as :func:`flowrl.trainer.load_checkpoint_config`, a multi-agent config, or ``episodes < 1``.
+        ValueError: as :func:`flowrl.trainer.load_checkpoint_config` (a config whose env is a callable cannot
+            be rebuilt: evaluate from Python with :func:`flowrl.inference.load` and your env), or
+            ``episodes < 1``.
+        RenderError: ``render`` or ``video_dir`` with an env that cannot render in that mode, or a multi-agent env.
+        ImportError: ``video_dir`` without moviepy installed.
     """
+    from flowrl.inference import load_policies
+    from flowrl.trainer import load_checkpoint_config
+
     _check_episodes(episodes)
     algorithm, config = load_checkpoint_config(checkpoint_path)
+    policies = {pid: trained.policy for pid, trained in load_policies(checkpoint_path).items()}
+    mode: RenderMode | None = "rgb_array" if video_dir is not None else "human" if render else None
+    num_envs = 1 if mode is not None else min(episodes, MAX_EVAL_ENVS)
     if config.policies is not None:
-        raise ValueError(f"{checkpoint_path} is a multi-agent checkpoint ({algorithm.name!r}, policies "
-                         f"{sorted(config.policies)}); evaluation supports single-agent configs only, so evaluate "
-                         f"its policies from Python (Trainer.from_checkpoint(path).get_policy(policy_id))")
-    state = read_checkpoint(checkpoint_path, algorithm=algorithm.name)
-    env = VectorEnv(config.env, min(episodes, MAX_EVAL_ENVS), seed=seed, config=config.env_config)
+        if mode is not None:
+            raise RenderError(f"{checkpoint_path} is a multi-agent checkpoint ({algorithm.name!r}); flowrl's "
+                              f"multi-agent envs do not render, so evaluate it without --render and --video")
+        assert callable(config.env)  # a multi-agent config's env is a callable (checked by RolloutConfig)
+        ma_env = MultiAgentVectorEnv(config.env, num_envs, seed=seed,  # type: ignore[arg-type]
+                                     config=config.env_config)
+        try:
+            mapping = make_policy_mapping(config.policy_mapping_fn, list(config.policies),
+                                          agent_ids=ma_env.envs[0].agent_ids)
+            return evaluate_multi_agent(policies, ma_env, mapping, episodes=episodes, explore=explore)
+        finally:
+            ma_env.close()
+    video = Path(video_dir) if video_dir is not None else None
+    env_spec: EnvSpec = config.env if mode is None else _rendering(config.env, mode, video, episodes)
+    env = VectorEnv(env_spec, num_envs, seed=seed, config=config.env_config,
+                    backend="loop" if mode is not None else "auto")
     try:
-        policy = algorithm.policy_class(env.observation_space, env.action_space,
-                                        dataclasses.replace(config, seed=seed, device="cpu"))
-        policy.set_weights(state["local_worker"]["policies"][DEFAULT_POLICY_ID]["weights"])
-        return evaluate_policy(policy, env, episodes=episodes, explore=explore)
+        return evaluate_policy(policies[DEFAULT_POLICY_ID], env, episodes=episodes, explore=explore)
     finally:
         env.close()

@@ -24,7 +24,7 @@ from flowrl.config import PolicyConfig
 from flowrl.models import ActionDistribution, NumpyActing, dist_class_for, make_model
 from flowrl.sample_batch import ACTION_DIST_INPUTS, ACTIONS, LOGP, VF_PREDS, SampleBatch
 
-__all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam"]
+__all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -79,14 +79,45 @@ def _to_numpy_tree(value: Any) -> Any:
 
 
 def _to_torch_tree(value: Any) -> Any:
-    """numpy arrays back to CPU tensors; ``Optimizer.load_state_dict`` moves them to the params' device."""
+    """numpy arrays back to CPU tensors (read-only ones, e.g. a state sent through Ray, copied as in
+    :func:`column_tensor`); ``Optimizer.load_state_dict`` moves them to the params' device."""
     if isinstance(value, np.ndarray):
-        return torch.as_tensor(value)
+        return column_tensor(value, torch.device("cpu"))
     if isinstance(value, Mapping):
         return {k: _to_torch_tree(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_to_torch_tree(v) for v in value]
     return value
+
+
+def space_to_data(space: gym.Space[Any]) -> dict[str, Any] | None:
+    """A ``Box`` or ``Discrete`` space as plain data (numpy arrays and numbers) for a checkpoint; ``None``
+    for other spaces, which a checkpoint then does not hold.
+
+    Examples:
+        >>> space_from_data(space_to_data(gym.spaces.Box(-1.0, 1.0, (2,))))
+        Box(-1.0, 1.0, (2,), float32)
+        >>> space_from_data(space_to_data(gym.spaces.Discrete(3, start=1)))
+        Discrete(3, start=1)
+    """
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.Box):
+        return {"type": "Box", "low": space.low.copy(), "high": space.high.copy(), "dtype": space.dtype.name}
+    return None
+
+
+def space_from_data(data: Mapping[str, Any]) -> gym.Space[Any]:
+    """The space :func:`space_to_data` wrote.
+
+    Raises:
+        ValueError: data of an unknown space type.
+    """
+    if data.get("type") == "Discrete":
+        return gym.spaces.Discrete(int(data["n"]), start=int(data["start"]))
+    if data.get("type") == "Box":
+        return gym.spaces.Box(np.asarray(data["low"]), np.asarray(data["high"]), dtype=np.dtype(data["dtype"]))
+    raise ValueError(f"unknown space data {dict(data)!r:.120}; it was written by another version of flowrl")
 
 
 class Policy:
@@ -277,17 +308,20 @@ class Policy:
         self.model.load_state_dict({k: torch.as_tensor(np.array(v), device=self.device) for k, v in weights.items()})
 
     def get_state(self) -> dict[str, Any]:
-        """Weights, optimizer state, RNG states and the global timestep, as numpy and plain data."""
+        """Weights, optimizer state, RNG states and the global timestep, as numpy and plain data, and the
+        spaces (:func:`space_to_data`) that :func:`flowrl.inference.load` rebuilds the policy with."""
         return {"weights": self.get_weights(), "optimizer": _to_numpy_tree(self.optimizer.state_dict()),
                 "torch_rng": self.generator.get_state().numpy().copy(),
                 "numpy_rng": self.np_random.bit_generator.state, "act_rng": self.act_random.bit_generator.state,
-                "global_timestep": self.global_timestep}
+                "global_timestep": self.global_timestep,
+                "spaces": {"observation": space_to_data(self.observation_space),
+                           "action": space_to_data(self.action_space)}}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restores :meth:`get_state` output."""
+        """Restores :meth:`get_state` output (its spaces are not read: the policy keeps its own)."""
         self.set_weights(state["weights"])
         self.optimizer.load_state_dict(_to_torch_tree(state["optimizer"]))
-        self.generator.set_state(torch.as_tensor(np.asarray(state["torch_rng"], dtype=np.uint8)))
+        self.generator.set_state(torch.from_numpy(np.array(state["torch_rng"], dtype=np.uint8)))  # a writable copy
         self.np_random.bit_generator.state = state["numpy_rng"]
         self.act_random.bit_generator.state = state["act_rng"]
         self.global_timestep = int(state["global_timestep"])

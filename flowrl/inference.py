@@ -1,0 +1,211 @@
+"""Acting with a trained policy: :func:`load` builds only the policy of a checkpoint, no Ray, no workers.
+
+A checkpoint of :meth:`flowrl.trainer.Trainer.save` holds each policy's state and spaces and the trainer's
+config as data, so :func:`load` rebuilds the algorithm's policy class with the saved config (on the CPU
+unless asked otherwise), restores its saved state (weights, exploration step, sampling RNG) and wraps it in
+a :class:`TrainedPolicy`, which acts greedily unless told to explore. Nothing starts Ray, a rollout worker
+or a trainer, and no env is built, so a checkpoint whose env was a callable loads too. A checkpoint written
+before checkpoints held the spaces builds the config's env once to read them.
+
+Examples:
+    >>> import tempfile
+    >>> import gymnasium as gym
+    >>> from flowrl.algorithms.pg import PGConfig
+    >>> from flowrl.trainer import Trainer
+    >>> trainer = Trainer("pg", PGConfig(num_workers=0, train_batch_size=100, seed=0))
+    >>> _ = trainer.train()
+    >>> run = tempfile.mkdtemp()
+    >>> path = trainer.save(f"{run}/checkpoints")
+    >>> trainer.stop()
+    >>> policy = load(run)  # a run dir: its latest checkpoint
+    >>> policy.policy_id, policy.algorithm, policy.checkpoint == path
+    ('default_policy', 'pg', True)
+    >>> env = gym.make("CartPole-v1")
+    >>> obs, _ = env.reset(seed=0)
+    >>> action = policy.compute_single_action(obs)
+    >>> type(action), action in (0, 1)
+    (<class 'int'>, True)
+    >>> _ = env.step(action)
+    >>> policy.compute_actions(np.zeros((3, 4), np.float32)).shape
+    (3,)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+import gymnasium as gym
+import numpy as np
+
+from flowrl._checkpoint import checkpoint_algorithm, find_checkpoint, read_checkpoint
+from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from flowrl.config import PolicyConfig, TrainerConfig, config_from_data
+from flowrl.policy import Policy, space_from_data
+
+__all__ = ["TrainedPolicy", "load", "load_policies"]
+
+
+class TrainedPolicy:
+    """A policy restored from a checkpoint, for acting: greedy (``explore=False``) unless told otherwise.
+
+    Attributes:
+        policy: the :class:`~flowrl.policy.Policy` itself (its model, ``compute_actions`` with extras, ...).
+        policy_id: its id in the checkpoint (``"default_policy"`` for a single-agent algorithm).
+        algorithm: the registered algorithm that trained it.
+        checkpoint: the checkpoint directory it was loaded from.
+        observation_space: one observation's space.
+        action_space: one action's space.
+    """
+
+    def __init__(self, policy: Policy, *, policy_id: str, algorithm: str, checkpoint: Path) -> None:
+        self.policy, self.policy_id, self.algorithm, self.checkpoint = policy, policy_id, algorithm, checkpoint
+        self.observation_space: gym.Space[Any] = policy.observation_space
+        self.action_space: gym.Space[Any] = policy.action_space
+
+    def __repr__(self) -> str:
+        return (f"TrainedPolicy({self.policy_id!r} of {self.algorithm!r}, {self.observation_space} -> "
+                f"{self.action_space}, from {str(self.checkpoint)!r})")
+
+    def compute_actions(self, obs_batch: Any, explore: bool = False) -> np.ndarray:
+        """Actions for a batch of observations ``[B, *obs_shape]``: ``[B]`` ints for a Discrete action
+        space, ``[B, *action_shape]`` for a Box (in its dtype); sampled with ``explore``, else the most
+        likely ones.
+
+        Raises:
+            ValueError: observations of another shape than ``[B, *obs_shape]``.
+        """
+        obs = np.asarray(obs_batch, dtype=self.observation_space.dtype)
+        shape = tuple(self.observation_space.shape or ())
+        if obs.shape[1:] != shape or obs.ndim != len(shape) + 1:
+            raise ValueError(f"observations of shape {obs.shape}; policy {self.policy_id!r} takes a batch "
+                             f"[B, {', '.join(map(str, shape))}] ({self.observation_space}); for one observation "
+                             f"use compute_single_action")
+        actions, _ = self.policy.compute_actions(obs, explore=explore)
+        if isinstance(self.action_space, gym.spaces.Box):
+            return actions.astype(self.action_space.dtype, copy=False)
+        return actions
+
+    def compute_single_action(self, obs: Any, explore: bool = False) -> Any:
+        """The action for one observation, as the env takes it: a Python ``int`` for a Discrete action space,
+        a numpy array of the action shape for a Box.
+
+        Raises:
+            ValueError: an observation of another shape than the observation space's.
+        """
+        one = np.asarray(obs, dtype=self.observation_space.dtype)
+        if one.shape != tuple(self.observation_space.shape or ()):
+            raise ValueError(f"an observation of shape {one.shape}; policy {self.policy_id!r} takes "
+                             f"{self.observation_space} (shape {self.observation_space.shape}); for a batch use "
+                             f"compute_actions")
+        action = self.compute_actions(one[None], explore=explore)[0]
+        return int(action) if isinstance(self.action_space, gym.spaces.Discrete) else action
+
+
+def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu") -> TrainedPolicy:
+    """The policy ``policy_id`` of a checkpoint, built without Ray, workers or a trainer.
+
+    Args:
+        path: a checkpoint directory, or a run directory (or its ``checkpoints/``), whose latest
+            ``checkpoint_*`` is taken.
+        policy_id: which policy of a multi-agent checkpoint; ``None`` for a single-agent one.
+        device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+
+    Raises:
+        ValueError: no checkpoint at ``path``, a checkpoint of an unregistered algorithm, one without a
+            config, or one whose config cannot be rebuilt (see :func:`load_policies`); a missing
+            ``policy_id`` (the message lists the checkpoint's ids).
+    """
+    checkpoint = find_checkpoint(path)
+    algorithm, config, saved = _read(checkpoint)
+    ids = sorted(saved)
+    wanted = policy_id if policy_id is not None else (ids[0] if len(ids) == 1 else None)
+    if wanted not in saved:
+        given = "no policy_id" if policy_id is None else f"policy_id={policy_id!r}"
+        raise ValueError(f"{checkpoint} holds the policies {ids}; {given} names one of them: pass policy_id="
+                         f"{ids[0]!r}, say, or load them all with flowrl.inference.load_policies(path)")
+    return _build(algorithm, config, checkpoint, wanted, saved[wanted], device)
+
+
+def load_policies(path: str | Path, *, device: str = "cpu") -> dict[str, TrainedPolicy]:
+    """Every policy of a checkpoint by id (one, ``"default_policy"``, for a single-agent algorithm), as
+    :func:`load` builds them.
+
+    The saved config is rebuilt from the checkpoint's data. Fields that held a callable (an env callable,
+    a policy mapping, a plan hook) are not stored; the policy is built without them, as it never reads
+    them. A multi-agent ``policies`` map whose policy classes or configs are not the config's defaults
+    cannot be rebuilt, nor can an unregistered algorithm's checkpoint: build that policy yourself and
+    ``set_state`` it from :func:`flowrl._checkpoint.read_checkpoint`'s tree.
+
+    Raises:
+        ValueError: as :func:`load`.
+    """
+    checkpoint = find_checkpoint(path)
+    algorithm, config, saved = _read(checkpoint)
+    return {pid: _build(algorithm, config, checkpoint, pid, state, device) for pid, state in sorted(saved.items())}
+
+
+def _read(checkpoint: Path) -> tuple[Algorithm, TrainerConfig, dict[str, Any]]:
+    """The checkpoint's algorithm, a config its policies can be built from, and each policy's saved state."""
+    name = checkpoint_algorithm(checkpoint)
+    if name.lower() not in ALGORITHMS:
+        raise ValueError(f"{checkpoint} is a checkpoint of {name!r}, which is not a registered algorithm "
+                         f"({sorted(ALGORITHMS)}); build its policy and restore it with policy.set_state(...)")
+    algorithm = get_algorithm(name)
+    tree = read_checkpoint(checkpoint, algorithm=algorithm.name)
+    data = tree.get("config")
+    if data is None:
+        raise ValueError(f"{checkpoint} holds no config (it was written before checkpoints stored theirs); build "
+                         f"its policy with its config and restore it with policy.set_state(...)")
+    return algorithm, _policy_config(algorithm, data, checkpoint), dict(tree["local_worker"]["policies"])
+
+
+def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Path) -> TrainerConfig:
+    """The saved config; where fields that held callables keep it from rebuilding, the config without them,
+    unless one of them is the ``policies`` map (its policy classes and configs are not data)."""
+    try:
+        return config_from_data(algorithm.config_class, data)  # type: ignore[no-any-return]
+    except ValueError as e:
+        not_stored = data.get("not_stored") or {}
+        custom = [path for path, entry in not_stored.items() if not entry.get("default")]
+        if any(path.split(".")[-1] == "policies" for path in custom):
+            raise ValueError(f"checkpoint {checkpoint}: {e}") from None
+        relaxed = {**data, "not_stored": {}, "not_stored_are_defaults": True}
+        try:
+            return config_from_data(algorithm.config_class, relaxed)  # type: ignore[no-any-return]
+        except (ValueError, TypeError) as again:
+            raise ValueError(f"checkpoint {checkpoint}: {again}") from None
+
+
+def _build(algorithm: Algorithm, config: TrainerConfig, checkpoint: Path, policy_id: str, state: Mapping[str, Any],
+           device: str) -> TrainedPolicy:
+    policy_class: type[Policy] = algorithm.policy_class
+    policy_config: PolicyConfig = config
+    if config.policies is not None:
+        spec = config.policies[policy_id]
+        policy_class, policy_config = spec.policy_class or policy_class, spec.config or config
+    spaces = state.get("spaces")
+    if spaces is not None and spaces["observation"] is not None and spaces["action"] is not None:
+        obs_space, action_space = space_from_data(spaces["observation"]), space_from_data(spaces["action"])
+    else:
+        obs_space, action_space = _spaces_from_env(algorithm, config, policy_id)
+    policy = policy_class(obs_space, action_space, dataclasses.replace(policy_config, device=device))
+    policy.set_state(state)
+    return TrainedPolicy(policy, policy_id=policy_id, algorithm=algorithm.name, checkpoint=checkpoint)
+
+
+def _spaces_from_env(algorithm: Algorithm, config: TrainerConfig,
+                     policy_id: str) -> tuple[gym.Space[Any], gym.Space[Any]]:
+    """A policy's spaces as a rollout worker finds them (for checkpoints written before they were stored):
+    an in-process worker with one env, built and closed here."""
+    from flowrl.workers import RolloutWorker
+
+    worker = RolloutWorker(policy_class=algorithm.policy_class,
+                           config=dataclasses.replace(config, num_workers=0, num_envs_per_worker=1, device="cpu"))
+    try:
+        policy = worker.get_policy(policy_id)
+        return policy.observation_space, policy.action_space
+    finally:
+        worker.env.close()
+
