@@ -41,10 +41,15 @@ def test_python_quickstart_writes_only_under_runs(tmp_path: Path, monkeypatch: p
     snippet = code_block_after("## Quickstart in Python", "python")
     assert "for _ in range(10):" in snippet
     monkeypatch.chdir(tmp_path)
-    exec(compile(snippet.replace("range(10)", "range(1)"), "README.md (quickstart)", "exec"), {})
+    namespace: dict[str, object] = {}
+    exec(compile(snippet.replace("range(10)", "range(1)"), "README.md (quickstart)", "exec"), namespace)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     saved = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert (tmp_path / saved / "manifest.json").is_file()
+    # "Use a trained policy" continues from the quickstart's `path`, as a reader would run it
+    exec(compile(code_block_after("## Use a trained policy", "python"), "README.md (trained policy)", "exec"),
+         namespace)
+    assert float(capsys.readouterr().out.strip().splitlines()[-1]) > 0
 
 
 DESIGN_DOCS = re.compile(r"\b(SEMANTICS|STYLE|PERFORMANCE|ARCHITECTURE)\.md\b|shared/design")
