@@ -198,7 +198,7 @@ class Trainer:
         if self.config.num_workers and not self.workers.remote_workers():
             raise RuntimeError(f"every remote worker failed (num_workers={self.config.num_workers}); set "
                                f"recreate_failed_workers=True to replace them")
-        saved = self._plan.metrics.save()
+        saved = self._plan.metrics.save()  # counters, info and the episode window: the next report goes on
         self._plan.close()
         self._plan = self._build_plan()
         self._plan.metrics.restore(saved)
