@@ -679,10 +679,21 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
             except KeyboardInterrupt:  # SIGINT or SIGTERM, through _StopSignals
                 signals.received = signals.received or signal.SIGINT
             with signals.held(raise_after=False):  # a second signal cannot cut the final checkpoint short
+                failed = None
                 if snapshot is not None and completed != saved_at:
-                    saved = trainer.save(checkpoint_dir, snapshot=snapshot)
+                    try:
+                        saved = trainer.save(checkpoint_dir, snapshot=snapshot)
+                    except Exception as e:  # e.g. remote workers that the same signal stopped
+                        if signals.received is None:
+                            raise
+                        failed = f"{type(e).__name__}: {e}".splitlines()[0]
                 if signals.received is not None:
-                    where = f"the final checkpoint is {saved}" if saved else "no report had finished: no checkpoint"
+                    if failed is not None:
+                        where = f"the final checkpoint could not be written ({failed}); the last: {saved or 'none'}"
+                    elif saved:
+                        where = f"the final checkpoint is {saved}"
+                    else:
+                        where = "no report had finished, so there is no checkpoint"
                     click.echo(f"stopped by {signal.Signals(signals.received).name} after iteration {completed}; "
                                f"{where}")
     finally:

@@ -123,3 +123,31 @@ def test_an_interrupted_replacement_keeps_the_previous_checkpoint(tmp_path: Path
     write_checkpoint(tmp_path, "checkpoint_000003", {"w": np.ones(2)}, algorithm="pg")
     assert read_checkpoint(path, algorithm="pg")["w"].tolist() == [1.0, 1.0]
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint_000003"]
+
+
+def test_a_final_checkpoint_that_cannot_be_written_is_reported_and_the_exit_code_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from flowrl.cli import main
+
+    train, calls = Trainer.train, []
+
+    def signalled_in_the_third_report(self: Trainer) -> dict[str, object]:
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGTERM)  # e.g. a batch scheduler's, which also stopped the workers
+        return train(self)
+
+    def save_fails(self: Trainer, *args: object, **kwargs: object) -> Path:
+        raise RuntimeError("the workers are gone")
+
+    monkeypatch.setattr(Trainer, "train", signalled_in_the_third_report)
+    monkeypatch.setattr(Trainer, "save", save_fails)
+    result = CliRunner().invoke(main, ["train", "pg", "--config", "train_batch_size=200", "--stop-iters", "10",
+                                       "--checkpoint-freq", "0", "--log-dir", str(tmp_path / "run")])
+    assert result.exit_code == 143, result.output
+    assert ("stopped by SIGTERM after iteration 2; the final checkpoint could not be written (RuntimeError: the "
+            "workers are gone); the last: none") in result.output
+    with open(tmp_path / "run" / "progress.csv", newline="") as f:
+        assert [row["training_iteration"] for row in csv.DictReader(f)] == ["1", "2"]
