@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result = next(results)
             elapsed = time.perf_counter() - train_start
             iterations += 1
-            ret, steps = result["episode_reward_mean"], result["timesteps_total"]
+            ret, steps = result.get("episode_reward_mean", math.nan), result["timesteps_total"]
             for t in THRESHOLDS:
                 if reached[t] is None and ret >= t:
                     reached[t] = (elapsed, steps)

@@ -203,7 +203,8 @@ def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budget
             while True:
                 result = next(it)
                 train_s = time.perf_counter() - train_start
-                steps, ret = int(result["info"]["num_steps_sampled"]), float(result["episode_reward_mean"])
+                steps = int(result["info"]["num_steps_sampled"])
+                ret = float(result.get("episode_reward_mean", math.nan))  # absent before the first episode
                 reports.append((train_s, steps, ret))
                 crossings = {t: first_crossing(reports, t) for t in thresholds}
                 if verbose:

@@ -17,6 +17,7 @@ Run: ``python examples/a2c_with_replay.py [--replay-ratio 1] [--stop-reward 150]
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from flowrl.algorithms import Algorithm
@@ -71,9 +72,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         while True:
             result = trainer.train()
-            print(f"steps {result['timesteps_total']:7d}  return {result['episode_reward_mean']:6.1f}  "
+            reward = result.get("episode_reward_mean", math.nan)  # absent until an episode has finished
+            print(f"steps {result['timesteps_total']:7d}  return {reward:6.1f}  "
                   f"trained {result['info']['num_steps_trained']:7d}")
-            if result["episode_reward_mean"] >= args.stop_reward or result["timesteps_total"] >= args.max_steps:
+            if reward >= args.stop_reward or result["timesteps_total"] >= args.max_steps:
                 return result
     finally:
         trainer.stop()

@@ -16,6 +16,7 @@ Run: ``python examples/ppo_under_a3c.py [--num-workers 2] [--stop-reward 100] [-
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 from flowrl.algorithms import Algorithm
@@ -44,9 +45,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         while True:
             result = trainer.train()
             stats = result["info"]["learner"]["default_policy"]["learner_stats"]
-            print(f"steps {result['timesteps_total']:7d}  return {result['episode_reward_mean']:6.1f}  "
+            reward = result.get("episode_reward_mean", math.nan)  # absent until an episode has finished
+            print(f"steps {result['timesteps_total']:7d}  return {reward:6.1f}  "
                   f"entropy {stats['entropy']:.3f}")
-            if result["episode_reward_mean"] >= args.stop_reward or result["timesteps_total"] >= args.max_steps:
+            if reward >= args.stop_reward or result["timesteps_total"] >= args.max_steps:
                 return result
     finally:
         trainer.stop()

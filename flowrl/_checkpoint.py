@@ -75,10 +75,15 @@ def _sha256(path: Path) -> str:
 
 
 def write_checkpoint(directory: Path, name: str, tree: Any, *, algorithm: str) -> Path:
-    """Writes ``tree`` as ``directory/name/`` atomically (a temporary sibling, then a rename)."""
+    """Writes ``tree`` as ``directory/name/`` atomically (a temporary sibling, then a rename).
+
+    A checkpoint of the same name is replaced only once the new one is complete: it is renamed aside,
+    the new one renamed in, and only then deleted, so an interruption (even a second Ctrl-C) at any
+    point leaves either the old or the new checkpoint under ``name``."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / name
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=directory))
+    old: Path | None = None
     try:
         arrays: dict[str, np.ndarray] = {}
         (tmp / _TREE).write_text(json.dumps(_encode(tree, arrays)))
@@ -87,11 +92,18 @@ def write_checkpoint(directory: Path, name: str, tree: Any, *, algorithm: str) -
                     "sha256": {f: _sha256(tmp / f) for f in (_TREE, _ARRAYS)}}
         (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
         if final.exists():
-            shutil.rmtree(final)
+            old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=directory))
+            os.replace(final, old)  # onto the empty directory mkdtemp made
         os.replace(tmp, final)
     except BaseException:
+        if old is not None and not final.exists():
+            os.replace(old, final)  # put the previous checkpoint back
+        elif old is not None:
+            shutil.rmtree(old, ignore_errors=True)  # (made, but the previous checkpoint was not moved yet)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -38,6 +38,7 @@ Examples:
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import difflib
 import importlib
@@ -46,13 +47,15 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 import click
 
@@ -332,6 +335,8 @@ class StopCriteria:
         'episode_reward_mean 460.0 >= 450'
         >>> StopCriteria(reward=450).reason({"episode_reward_mean": float("nan")}) is None
         True
+        >>> StopCriteria(reward=450).reason({"training_iteration": 1}) is None  # no episode finished yet
+        True
     """
 
     reward: float | None = None
@@ -357,12 +362,23 @@ class StopCriteria:
 
 
 def _progress_line(result: Mapping[str, Any], elapsed_s: float) -> str:
-    reward = float(result.get("episode_reward_mean", math.nan))
+    """One iteration's line; a result without episode statistics (no episode has finished yet) says so.
+
+    Examples:
+        >>> _progress_line({"training_iteration": 1, "timesteps_total": 10, "timesteps_this_iter": 10,
+        ...                 "time_this_iter_s": 0.5}, 0.5)
+        'iter    1  env steps        10  reward       - (no episode finished yet)        20 env steps/s  elapsed ...'
+    """
+    reward = result.get("episode_reward_mean")
     per_s = result.get("timesteps_this_iter", 0) / max(result.get("time_this_iter_s", 0.0), 1e-9)
-    spread = (f" (min {result['episode_reward_min']:.0f}, max {result['episode_reward_max']:.0f})"
-              if not math.isnan(reward) and "episode_reward_min" in result else "")
+    if reward is None or math.isnan(reward):
+        shown = f"{'-':>7} (no episode finished yet)"
+    else:
+        spread = (f" (min {result['episode_reward_min']:.0f}, max {result['episode_reward_max']:.0f})"
+                  if "episode_reward_min" in result and "episode_reward_max" in result else "")
+        shown = f"{float(reward):7.1f}{spread}"
     return (f"iter {result['training_iteration']:4d}  env steps {result.get('timesteps_total', 0):9d}  "
-            f"reward {reward:7.1f}{spread}  {per_s:8.0f} env steps/s  elapsed {elapsed_s:7.1f} s")
+            f"reward {shown}  {per_s:8.0f} env steps/s  elapsed {elapsed_s:7.1f} s")
 
 
 class _Progress:
@@ -392,10 +408,10 @@ class _Progress:
             click.echo(line)
             return
         self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
-        reward = float(result.get("episode_reward_mean", math.nan))
+        reward = result.get("episode_reward_mean")
+        last = f"last reward {reward:.1f}" if reward is not None else "no episode finished yet"
         self._progress.update(self._task, description=f"iteration {result['training_iteration'] + 1} "
-                                                      f"(last reward {reward:.1f}, {result.get('timesteps_total', 0)} "
-                                                      f"env steps)")
+                                                      f"({last}, {result.get('timesteps_total', 0)} env steps)")
 
     def note(self, text: str) -> None:
         """A line that is not a result (a checkpoint path), in the live display or plainly."""
@@ -564,8 +580,67 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
         raise click.UsageError(str(e)) from None
 
 
+class _Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM asked ``flowrl train`` to stop (a KeyboardInterrupt, so that code which lets a
+    Ctrl-C through lets this through too)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _StopSignals:
+    """While entered (from the main thread), SIGINT and SIGTERM stop ``flowrl train``.
+
+    A signal raises :class:`_Stopped` in the main thread at once (abandoning the report being trained),
+    except inside a :meth:`held` section, where it is only recorded and raised when the section ends
+    (or never, with ``raise_after=False``), so that what the section writes is written whole.
+    :attr:`received` is the first signal. The handler prints nothing (the main thread may be writing),
+    and the previous handlers (Python's for SIGINT, Ray's for SIGTERM) come back on exit.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._held = 0
+        self._pending: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+        if self._held:
+            self._pending = signum
+            return
+        raise _Stopped(signum)
+
+    @contextlib.contextmanager
+    def held(self, *, raise_after: bool = True) -> Iterator[None]:
+        """A section that a signal does not cut short; one that arrived in it is raised at its end."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+        pending, self._pending = self._pending, None
+        if pending is not None and raise_after and not self._held:
+            raise _Stopped(pending)
+
+
 def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
            checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int) -> None:
+    """Trains until ``stop``; on SIGINT (Ctrl-C) or SIGTERM it abandons the report in progress, writes a final
+    checkpoint of the last completed report (the state the logs end with), and exits with 128 + the signal."""
     trainer = _make_trainer(algorithm, config, checkpoint=checkpoint, address=address)
     if stop.iters is not None and trainer.training_iteration >= stop.iters:
         trainer.stop()
@@ -577,26 +652,54 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
     click.echo(f"tensorboard events: {run_dir / TB_DIR} (view with: tensorboard --logdir {run_dir.parent})")
     click.echo(f"plan: {trainer.plan!r}")
     saved, reason, result = checkpoint, None, None
+    completed = saved_at = trainer.training_iteration  # the last report's iteration; the one `saved` holds
+    snapshot: dict[str, Any] | None = None  # the trainer's state after the last completed report
+    signals = _StopSignals()
     try:
-        with (RunLogger(run_dir, keep_through_iteration=trainer.training_iteration if checkpoint else None) as logs,
-              _Progress(live=sys.stdout.isatty()) as progress):
-            while result is None or reason is None:
-                result = trainer.train()
-                logs.log(result)
-                progress.update(result)
-                reason = stop.reason(result)
-                if reason is None and checkpoint_freq and result["training_iteration"] % checkpoint_freq == 0:
-                    saved = trainer.save(checkpoint_dir)
-                    progress.note(f"checkpoint: {saved}")
-        saved = trainer.save(checkpoint_dir)
-    except KeyboardInterrupt:
-        click.echo(f"interrupted; the last checkpoint is {saved}" if saved else "interrupted before any checkpoint")
-        _write_plot(run_dir)
-        sys.exit(130)
+        with signals:
+            try:
+                with (RunLogger(run_dir, keep_through_iteration=trainer.training_iteration if checkpoint else None)
+                      as logs, _Progress(live=sys.stdout.isatty()) as progress):
+                    while result is None or reason is None:
+                        result = trainer.train()  # a stop signal abandons this report; `snapshot` is the last one
+                        with signals.held():  # each report is logged, snapshotted and checkpointed whole
+                            logs.log(result)
+                            snapshot, completed = trainer.snapshot(), result["training_iteration"]
+                            progress.update(result)
+                            reason = stop.reason(result)
+                            if reason is None and checkpoint_freq and completed % checkpoint_freq == 0:
+                                saved, saved_at = trainer.save(checkpoint_dir, snapshot=snapshot), completed
+                                progress.note(f"checkpoint: {saved}")
+            except KeyboardInterrupt:  # SIGINT or SIGTERM, through _StopSignals
+                signals.received = signals.received or signal.SIGINT
+            with signals.held(raise_after=False):  # a second signal cannot cut the final checkpoint short
+                failed = None
+                if snapshot is not None and completed != saved_at:
+                    try:
+                        saved = trainer.save(checkpoint_dir, snapshot=snapshot)
+                    except Exception as e:  # e.g. remote workers that the same signal stopped
+                        if signals.received is None:
+                            raise
+                        failed = f"{type(e).__name__}: {e}".splitlines()[0]
+                if signals.received is not None:
+                    if failed is not None:
+                        where = f"the final checkpoint could not be written ({failed}); the last: {saved or 'none'}"
+                    elif saved:
+                        where = f"the final checkpoint is {saved}"
+                    else:
+                        where = "no report had finished, so there is no checkpoint"
+                    click.echo(f"stopped by {signal.Signals(signals.received).name} after iteration {completed}; "
+                               f"{where}")
     finally:
         trainer.stop()
-    click.echo(f"done ({reason}): return {result['episode_reward_mean']:.1f} after {result['timesteps_total']} env "
-               f"steps and {result['time_total_s']:.1f} s of training")
+    if signals.received is not None:
+        _write_plot(run_dir)
+        sys.exit(128 + signals.received)  # 130 for SIGINT, 143 for SIGTERM
+    assert result is not None  # the loop ran to a stop criterion
+    shown = (f"return {result['episode_reward_mean']:.1f}" if "episode_reward_mean" in result
+             else "no episode finished")
+    click.echo(f"done ({reason}): {shown} after {result['timesteps_total']} env steps and "
+               f"{result['time_total_s']:.1f} s of training")
     click.echo(f"checkpoint: {saved}")
     _write_plot(run_dir)
     click.echo(f"evaluate it with: flowrl evaluate {saved} --episodes 10")

@@ -201,7 +201,9 @@ class TrainerConfig(RolloutConfig):
             ``MultiGPUTrainOneStep``. See :attr:`use_simple_optimizer`.
         timesteps_per_iteration: a report waits for at least this many new steps.
         min_iter_time_s: a report waits for at least this many seconds (0: no time gate).
-        metrics_smoothing_episodes: episode statistics are smoothed over this many episodes.
+        metrics_smoothing_episodes: the episode statistics of a result (``episode_reward_mean``/``min``/``max``,
+            ``episode_len_mean``, ``policy_reward_*``) are over the last this many finished episodes, across
+            reports (a moving window, kept in checkpoints); 0: over each report's episodes only.
         collect_metrics_timeout: seconds to wait for workers' episode statistics.
         keep_per_episode_custom_metrics: keep raw per-episode custom metrics in results.
         ignore_worker_failures: drop failed workers and go on (when not recreating them).

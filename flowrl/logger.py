@@ -12,7 +12,7 @@ A run directory holds:
 - ``result.json``: every result whole, one JSON document per line (numpy values as numbers and lists;
   NaN as ``NaN``, as Python's ``json`` writes it).
 - ``tb/``: TensorBoard event files (``tensorboardX``) with one scalar per flattened key, at
-  ``global_step = timesteps_total`` (``tensorboard --logdir runs``).
+  ``global_step = timesteps_total`` (``tensorboard --logdir runs``); a NaN or infinite value is not sent.
 - ``learning_curve.png``: :func:`plot_progress`'s plot of ``episode_reward_mean`` against
   ``timesteps_total``, with the min/max band.
 
@@ -160,7 +160,8 @@ class RunLogger:
         if self._writer is not None:
             step = int(result.get("timesteps_total", result.get("training_iteration", 0)))
             for key, value in flat.items():
-                self._writer.add_scalar(key, value, global_step=step)
+                if math.isfinite(value):  # a nan/inf (a diverged loss) stays in the CSV and JSON; TensorBoard
+                    self._writer.add_scalar(key, value, global_step=step)  # would only warn about it
             self._writer.flush()
 
     def close(self) -> None:

@@ -144,6 +144,10 @@ class MetricsContext:
         counters: ``str -> int``; reading or incrementing an absent key starts it at 0.
         timers: ``str -> Timer``; an absent key is created on first use.
         info: free-form information (``info["learner"]`` holds learner stats).
+        episode_window: the finished episodes that the episode statistics are computed over, oldest first,
+            each as plain data (``episode_return``, ``episode_length``, ``policy_returns``,
+            ``custom_metrics``); :class:`~flowrl.ops.metrics.CollectMetrics` keeps it. It lives here, not in
+            the operator, so that it is saved in checkpoints and carried over a plan rebuild with the counters.
         current_actor: the shard actor that produced the item being processed, or ``None``.
     """
 
@@ -151,21 +155,29 @@ class MetricsContext:
         self.counters: Counter[str] = Counter()
         self.timers: defaultdict[str, Timer] = defaultdict(Timer)
         self.info: dict[str, Any] = {}
+        self.episode_window: list[dict[str, Any]] = []
         self.current_actor: Any = None
 
     def save(self) -> dict[str, Any]:
-        """Returns ``{"counters", "info", "timers": None}`` as copies (timers are not saved)."""
-        return {"counters": dict(self.counters), "info": copy.deepcopy(self.info), "timers": None}
+        """Returns ``{"counters", "info", "episode_window", "timers": None}`` as copies (timers are not saved)."""
+        return {"counters": dict(self.counters), "info": copy.deepcopy(self.info),
+                "episode_window": copy.deepcopy(self.episode_window), "timers": None}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Reloads counters and info from :meth:`save` output; clears timers and the current actor."""
+        """Reloads counters, info and the episode window from :meth:`save` output (a state saved before
+        checkpoints held the window restores an empty one); clears timers and the current actor."""
         for key in ("counters", "info"):
             if not isinstance(state.get(key), dict):
                 raise ValueError(f"metrics state lacks a dict under {key!r}; pass MetricsContext.save() "
                                  f"output, got keys {sorted(state)}")
+        window = state.get("episode_window", [])
+        if not isinstance(window, list) or not all(isinstance(ep, dict) for ep in window):
+            raise ValueError(f"metrics state's episode_window must be a list of episode dicts (MetricsContext.save() "
+                             f"output), got {window!r:.80}")
         self.counters.clear()
         self.counters.update({str(k): int(v) for k, v in state["counters"].items()})
         self.info = copy.deepcopy(state["info"])
+        self.episode_window = copy.deepcopy(window)
         self.timers.clear()
         self.current_actor = None
 

@@ -198,7 +198,7 @@ class Trainer:
         if self.config.num_workers and not self.workers.remote_workers():
             raise RuntimeError(f"every remote worker failed (num_workers={self.config.num_workers}); set "
                                f"recreate_failed_workers=True to replace them")
-        saved = self._plan.metrics.save()
+        saved = self._plan.metrics.save()  # counters, info and the episode window: the next report goes on
         self._plan.close()
         self._plan = self._build_plan()
         self._plan.metrics.restore(saved)
@@ -223,22 +223,38 @@ class Trainer:
                 obj.close()
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def save(self, checkpoint_dir: str | Path) -> Path:
-        """Writes a checkpoint into ``checkpoint_dir`` (atomically) and returns its path.
-
-        It holds the workers' and the plan's state and the config as data (:func:`~flowrl.config.config_to_data`;
-        a field holding a callable is recorded, not stored)."""
-        remote = self.workers.remote_workers()
-        state = {
+    def snapshot(self) -> dict[str, Any]:
+        """The driver-side part of a checkpoint as of now, as plain-data copies: the local worker's state
+        (weights, optimizer, RNG), the plan's metrics context (counters, info, the episode window) and the
+        trainer counters. Cheap (no Ray call); :meth:`save` can write a checkpoint from it later, e.g. the
+        state after the last completed ``train()`` when the next one is abandoned (``flowrl train`` on
+        Ctrl-C)."""
+        return {
             "local_worker": self.workers.local_worker().get_state(),
-            "remote_workers": ray.get([w.get_state.remote() for w in remote]) if remote else [],
             "metrics": self._plan.metrics.save(),
             "trainer": {"training_iteration": self.training_iteration, "time_total_s": self.time_total_s,
                         "episodes_total": self.episodes_total},
+        }
+
+    def save(self, checkpoint_dir: str | Path, *, snapshot: dict[str, Any] | None = None) -> Path:
+        """Writes a checkpoint into ``checkpoint_dir`` (atomically) and returns its path.
+
+        It holds the workers' and the plan's state and the config as data (:func:`~flowrl.config.config_to_data`;
+        a field holding a callable is recorded, not stored).
+
+        Args:
+            checkpoint_dir: the directory; the checkpoint is ``checkpoint_<training_iteration>`` in it.
+            snapshot: a :meth:`snapshot` taken earlier, to write instead of the current driver-side state;
+                the remote workers' and trainer-owned state are read now.
+        """
+        remote = self.workers.remote_workers()
+        state = {
+            **(snapshot if snapshot is not None else self.snapshot()),
+            "remote_workers": ray.get([w.get_state.remote() for w in remote]) if remote else [],
             "owned_state": {name: obj.get_state() for name, obj in self._checkpointed_state().items()},
             "config": config_to_data(self.config),
         }
-        name = f"checkpoint_{self.training_iteration:06d}"
+        name = f"checkpoint_{int(state['trainer']['training_iteration']):06d}"
         return write_checkpoint(Path(checkpoint_dir), name, state, algorithm=self.algorithm.name)
 
     def _checkpointed_state(self) -> dict[str, Any]:
@@ -250,7 +266,8 @@ class Trainer:
 
     def restore(self, checkpoint_path: str | Path) -> None:
         """Loads a checkpoint from :meth:`save` into this live trainer: weights, optimizer and RNG states
-        (local and remote workers), the plan's counters and info, and the trainer counters.
+        (local and remote workers), the plan's counters, info and episode window (so the next result's
+        episode statistics go on from the saved ones), and the trainer counters.
 
         Raises:
             ValueError: another algorithm's checkpoint, a newer format, or a truncated or altered file.

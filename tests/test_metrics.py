@@ -14,18 +14,25 @@ def test_save_restore_round_trips_counters_and_info_and_clears_timers_and_actor(
     ctx.info[metrics.LEARNER_INFO] = {"default_policy": {"learner_stats": {"loss": 1.5}}}
     ctx.timers[metrics.SAMPLE_TIMER].push(0.1)
     ctx.current_actor = "actor"
+    episode = {"episode_return": 9.0, "episode_length": 9, "policy_returns": {}, "custom_metrics": {}}
+    ctx.episode_window.append(episode)
     state = ctx.save()
     assert state == {"counters": {"num_steps_sampled": 5},
-                     "info": {"learner": {"default_policy": {"learner_stats": {"loss": 1.5}}}}, "timers": None}
+                     "info": {"learner": {"default_policy": {"learner_stats": {"loss": 1.5}}}},
+                     "episode_window": [episode], "timers": None}
     ctx.info[metrics.LEARNER_INFO]["default_policy"]["learner_stats"]["loss"] = 9.0
     assert state["info"]["learner"]["default_policy"]["learner_stats"]["loss"] == 1.5  # a copy
     ctx.counters["other"] = 3
+    ctx.episode_window.clear()
     ctx.restore(state)
     assert dict(ctx.counters) == {"num_steps_sampled": 5}
     assert ctx.info["learner"]["default_policy"]["learner_stats"]["loss"] == 1.5
+    assert ctx.episode_window == [episode] and ctx.episode_window[0] is not episode
     assert len(ctx.timers) == 0 and ctx.current_actor is None
     with pytest.raises(ValueError, match="counters"):
         ctx.restore({"info": {}})
+    with pytest.raises(ValueError, match="episode_window"):
+        ctx.restore({"counters": {}, "info": {}, "episode_window": {"not": "a list"}})
 
 
 def test_absent_counters_and_timers_start_empty() -> None:

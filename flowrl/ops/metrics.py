@@ -218,11 +218,16 @@ class ReportGate(MetricsBinding):
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, float]:
-    """(min, max, mean) of ``values``; ``nan`` for each when there are none."""
-    if not values:
-        return math.nan, math.nan, math.nan
+    """(min, max, mean) of ``values``, which must not be empty."""
     array = np.asarray(values, dtype=np.float64)
     return float(array.min()), float(array.max()), float(array.mean())
+
+
+def _episode_data(ep: EpisodeRecord) -> dict[str, Any]:
+    """What the smoothing window keeps of one episode, as plain data (a checkpoint holds the window)."""
+    return {"episode_return": float(ep.episode_return), "episode_length": int(ep.episode_length),
+            "policy_returns": {str(pid): float(ret) for pid, ret in ep.policy_returns.items()},
+            "custom_metrics": dict(ep.custom_metrics)}
 
 
 class CollectMetrics(MetricsBinding):
@@ -234,28 +239,36 @@ class CollectMetrics(MetricsBinding):
        request outstanding, and waits up to ``timeout_seconds`` for the remote answers; requests that
        have not returned are carried over to the next call, never re-requested;
     2. counts the episodes of **all** workers into ``episodes_this_iter``;
-    3. computes reward and length statistics over the episodes of ``selected_workers`` (default: all
-       remote workers) plus the local worker, padded with earlier such episodes up to
-       ``min_history`` (the last ``min_history`` are kept as history);
+    3. appends the new episodes of ``selected_workers`` (default: all remote workers) and of the local
+       worker to the smoothing window, which keeps the last ``min_history`` finished episodes (across
+       reports), and computes the episode statistics over that window: a true moving window, so a long
+       report does not make them lag the policy, and a report with few episodes still averages
+       ``min_history`` of them. ``min_history=0`` keeps no window: the statistics cover this call's
+       episodes only. The window lives in the metrics context (``metrics.episode_window``), so a
+       checkpoint holds it and a plan rebuilt after a worker failure goes on with it;
     4. merges the metrics context: ``info["custom_metrics"]`` is popped into ``custom_metrics``,
        ``info`` is a copy of the context's info plus every counter, and each timer ``k`` gives
        ``timers[k + "_time_ms"]`` and, when it has units, ``timers[k + "_throughput"]``;
     5. resets ``num_steps_trained_this_iter`` to 0.
 
-    The result holds ``episode_reward_{max,min,mean}``, ``episode_len_mean``, ``episodes_this_iter``,
-    ``policy_reward_{min,max,mean}`` (per policy), ``custom_metrics``, ``hist_stats``,
-    ``timesteps_total`` (``num_steps_trained`` if ``by_steps_trained``, else ``num_steps_sampled``),
-    ``timesteps_this_iter`` (its increase since the previous result, at least 0),
-    ``agent_timesteps_total``, the four step counters, ``info``, ``timers`` and ``num_healthy_workers``.
+    The result holds ``episode_reward_{max,min,mean}`` and ``episode_len_mean`` over the window (absent
+    until the first episode has finished, never ``nan``), ``episodes_this_iter`` (every episode finished
+    since the previous result, from all workers), ``policy_reward_{min,max,mean}`` (per policy, over the
+    window), ``custom_metrics`` (each user metric's ``_min``/``_max``/``_mean`` over the window's finite
+    values, absent when there are none), ``hist_stats`` (``episode_reward`` and ``episode_lengths``: the
+    window's returns and lengths, oldest first), ``timesteps_total`` (``num_steps_trained`` if
+    ``by_steps_trained``, else ``num_steps_sampled``), ``timesteps_this_iter`` (its increase since the
+    previous result, at least 0), ``agent_timesteps_total``, the four step counters, ``info``, ``timers``
+    and ``num_healthy_workers``.
 
-    Metrics: reads every counter, timer and info entry; pops ``info["custom_metrics"]``; resets
-    ``num_steps_trained_this_iter``.
+    Metrics: reads every counter, timer and info entry; keeps the window in ``episode_window``; pops
+    ``info["custom_metrics"]``; resets ``num_steps_trained_this_iter``.
 
     Args:
         workers: the plan's WorkerSet.
-        min_history: episodes in the smoothing window; >= 0.
+        min_history: the smoothing window, in episodes (config.metrics_smoothing_episodes); >= 0.
         timeout_seconds: how long one call waits for the remote workers' answers; >= 0.
-        keep_per_episode_custom_metrics: also keep each custom metric's raw per-episode values.
+        keep_per_episode_custom_metrics: also keep each custom metric's raw values over the window.
         selected_workers: remote workers whose episodes enter the statistics (the local worker's always
             do); ``None`` for all. It never narrows ``episodes_this_iter``.
         by_steps_trained: ``timesteps_total`` counts trained instead of sampled steps.
@@ -266,13 +279,19 @@ class CollectMetrics(MetricsBinding):
     Examples:
         >>> from flowrl.testing import make_fake_workers
         >>> workers = make_fake_workers(0)
-        >>> _ = workers.local_worker().sample(), workers.local_worker().sample()
-        >>> op = CollectMetrics(workers)
+        >>> op = CollectMetrics(workers, min_history=3)
         >>> op.bind(metrics := MetricsContext())
+        >>> "episode_reward_mean" in op(None)  # no episode has finished yet
+        False
+        >>> _ = workers.local_worker().sample(), workers.local_worker().sample()
         >>> metrics.counters["num_steps_sampled"] = 200
         >>> result = op(None)
         >>> result["episodes_this_iter"], result["episode_reward_mean"], result["info"]["num_steps_sampled"]
         (2, 1.0, 200)
+        >>> _ = [workers.local_worker().sample() for _ in range(2)]
+        >>> result = op(None)
+        >>> result["episodes_this_iter"], len(result["hist_stats"]["episode_reward"])  # the last 3 of 4
+        (2, 3)
     """
 
     def __init__(self, workers: WorkerSet, min_history: int = 100, timeout_seconds: float = 180,
@@ -289,7 +308,6 @@ class CollectMetrics(MetricsBinding):
         self.selected_workers = None if selected_workers is None else list(selected_workers)
         self.by_steps_trained = by_steps_trained
         self._pending: dict[Any, Any] = {}  # outstanding get_metrics ref -> its remote worker
-        self._history: list[EpisodeRecord] = []
 
     def __repr__(self) -> str:
         return "CollectMetrics"
@@ -322,21 +340,25 @@ class CollectMetrics(MetricsBinding):
                 for_stats.extend(episodes)
         return for_stats, total
 
-    def _window(self, new: list[EpisodeRecord]) -> list[EpisodeRecord]:
-        missing = self.min_history - len(new)
-        window = (self._history[-missing:] if missing > 0 else []) + new
-        self._history = (self._history + new)[-self.min_history:] if self.min_history > 0 else []
+    def _window(self, new: list[EpisodeRecord]) -> list[dict[str, Any]]:
+        """The last ``min_history`` episodes, the new ones included (all new ones when ``min_history`` is 0)."""
+        added = [_episode_data(ep) for ep in new]
+        if self.min_history == 0:
+            return added
+        window = (self.metrics.episode_window + added)[-self.min_history:]
+        self.metrics.episode_window = window
         return window
 
-    def _custom_metrics(self, episodes: list[EpisodeRecord]) -> dict[str, Any]:
+    def _custom_metrics(self, episodes: list[dict[str, Any]]) -> dict[str, Any]:
         values: defaultdict[str, list[float]] = defaultdict(list)
         for ep in episodes:
-            for key, value in ep.custom_metrics.items():
+            for key, value in ep["custom_metrics"].items():
                 values[key].append(value)
         out: dict[str, Any] = {}
         for key, vals in values.items():
             finite = [float(v) for v in vals if not np.any(np.isnan(v))]
-            out[f"{key}_min"], out[f"{key}_max"], out[f"{key}_mean"] = _stats(finite)
+            if finite:  # a metric with no finite value yet is left out rather than reported as nan
+                out[f"{key}_min"], out[f"{key}_max"], out[f"{key}_mean"] = _stats(finite)
             if self.keep_per_episode_custom_metrics:
                 out[key] = list(vals)
         return out
@@ -344,14 +366,18 @@ class CollectMetrics(MetricsBinding):
     def __call__(self, item: Any) -> ResultDict:
         new, episodes_this_iter = self._collect()
         window = self._window(new)
-        rewards = [float(ep.episode_return) for ep in window]
-        lengths = [int(ep.episode_length) for ep in window]
-        reward_min, reward_max, reward_mean = _stats(rewards)
+        rewards = [float(ep["episode_return"]) for ep in window]
+        lengths = [int(ep["episode_length"]) for ep in window]
         per_policy: defaultdict[str, list[float]] = defaultdict(list)
         for ep in window:
-            for pid, ret in ep.policy_returns.items():
+            for pid, ret in ep["policy_returns"].items():
                 per_policy[pid].append(float(ret))
         policy_stats = {pid: _stats(rets) for pid, rets in per_policy.items()}
+        episode_stats: ResultDict = {}
+        if window:  # before the first finished episode there is nothing to report (and no nan)
+            reward_min, reward_max, reward_mean = _stats(rewards)
+            episode_stats = {"episode_reward_max": reward_max, "episode_reward_min": reward_min,
+                             "episode_reward_mean": reward_mean, "episode_len_mean": _stats(lengths)[2]}
 
         metrics = self.metrics
         custom_metrics = self._custom_metrics(window)
@@ -368,8 +394,7 @@ class CollectMetrics(MetricsBinding):
             if timer.has_units_processed():
                 timers[f"{key}_throughput"] = round(timer.mean_throughput, 3)
         result: ResultDict = {
-            "episode_reward_max": reward_max, "episode_reward_min": reward_min, "episode_reward_mean": reward_mean,
-            "episode_len_mean": _stats(lengths)[2],
+            **episode_stats,
             "episodes_this_iter": episodes_this_iter,
             "policy_reward_min": {pid: s[0] for pid, s in policy_stats.items()},
             "policy_reward_max": {pid: s[1] for pid, s in policy_stats.items()},

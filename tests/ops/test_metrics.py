@@ -12,6 +12,7 @@ import ray
 from flowrl.config import TrainerConfig
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator
+from flowrl.logger import flatten_result
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COUNTER, CUSTOM_METRICS, LEARNER_INFO,
                             LEARN_ON_BATCH_TIMER, SAMPLE_TIMER, STEPS_SAMPLED_COUNTER, STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
@@ -285,25 +286,55 @@ def test_collect_metrics_carries_unfinished_requests_over_instead_of_re_requesti
         ray.kill(slow)
 
 
-def test_collect_metrics_pads_with_history_up_to_min_history() -> None:
+def test_collect_metrics_smooths_over_a_true_window_of_the_last_min_history_episodes() -> None:
     local = StubWorker([ep(1.0), ep(2.0), ep(3.0)], [ep(4.0)], [], [ep(float(i)) for i in range(10, 15)])
-    op = bound(CollectMetrics(StubWorkers(local), min_history=3))
+    metrics = MetricsContext()
+    op = bound(CollectMetrics(StubWorkers(local), min_history=3), metrics)
     assert op(None)["hist_stats"]["episode_reward"] == [1.0, 2.0, 3.0]
     second = op(None)
-    assert second["hist_stats"]["episode_reward"] == [2.0, 3.0, 4.0]  # two from history plus the new one
+    assert second["hist_stats"]["episode_reward"] == [2.0, 3.0, 4.0]  # two earlier ones plus the new one
     assert second["episodes_this_iter"] == 1 and second["episode_reward_mean"] == 3.0
     third = op(None)
     assert third["hist_stats"]["episode_reward"] == [2.0, 3.0, 4.0] and third["episodes_this_iter"] == 0
-    fourth = op(None)  # more new episodes than min_history: all of them, no history
-    assert fourth["hist_stats"]["episode_reward"] == [10.0, 11.0, 12.0, 13.0, 14.0]
+    fourth = op(None)  # more new episodes than the window: only the last three count (the old padding kept all 5)
+    assert fourth["hist_stats"]["episode_reward"] == [12.0, 13.0, 14.0]
+    assert (fourth["episode_reward_min"], fourth["episode_reward_mean"], fourth["episode_reward_max"]) == \
+        (12.0, 13.0, 14.0)
+    assert fourth["episodes_this_iter"] == 5  # every episode of the report is counted
+    assert fourth["policy_reward_mean"] == {"default_policy": 13.0}
+    assert [e["episode_return"] for e in metrics.episode_window] == [12.0, 13.0, 14.0]  # kept in the context
 
 
-def test_collect_metrics_without_episodes_reports_nan() -> None:
+def test_collect_metrics_without_a_window_covers_each_reports_episodes_only() -> None:
+    op = bound(CollectMetrics(StubWorkers(StubWorker([ep(1.0), ep(3.0)], [], [ep(8.0)])), min_history=0))
+    assert op(None)["episode_reward_mean"] == 2.0
+    assert "episode_reward_mean" not in op(None)
+    assert op(None)["hist_stats"]["episode_reward"] == [8.0]
+
+
+def test_collect_metrics_goes_on_with_the_window_of_a_restored_context() -> None:
+    first = MetricsContext()
+    bound(CollectMetrics(StubWorkers(StubWorker([ep(1.0), ep(2.0)])), min_history=3), first)(None)
+    second = MetricsContext()
+    second.restore(first.save())  # as a checkpoint restore or a plan rebuild does
+    result = bound(CollectMetrics(StubWorkers(StubWorker([ep(9.0), ep(10.0)])), min_history=3), second)(None)
+    assert result["hist_stats"]["episode_reward"] == [2.0, 9.0, 10.0]
+    assert result["episode_reward_mean"] == 7.0
+    old = first.save()
+    del old["episode_window"]  # saved before checkpoints held the window
+    third = MetricsContext()
+    third.restore(old)
+    assert third.episode_window == []
+
+
+def test_collect_metrics_without_episodes_reports_no_episode_statistics_and_no_nan() -> None:
     result = bound(CollectMetrics(StubWorkers(StubWorker())))(None)
     assert result["episodes_this_iter"] == 0
     for key in ("episode_reward_max", "episode_reward_min", "episode_reward_mean", "episode_len_mean"):
-        assert math.isnan(result[key])
+        assert key not in result
     assert result["policy_reward_mean"] == {} and result["custom_metrics"] == {}
+    assert result["hist_stats"] == {"episode_reward": [], "episode_lengths": []}
+    assert not [k for k, v in flatten_result(result).items() if not math.isfinite(v)]
 
 
 def test_collect_metrics_per_policy_rewards_and_custom_metrics() -> None:
@@ -319,7 +350,7 @@ def test_collect_metrics_per_policy_rewards_and_custom_metrics() -> None:
     assert result["policy_reward_mean"] == {"a": 3.0, "b": 2.0}
     custom = result["custom_metrics"]
     assert (custom["hits_mean"], custom["hits_min"], custom["hits_max"]) == (2.0, 1.0, 3.0)
-    assert math.isnan(custom["miss_mean"])  # nan values are left out; none remain
+    assert "miss_mean" not in custom  # nan values are left out; with none left, so is the metric
     assert custom["from_info"] == 42 and "hits" not in custom
     assert CUSTOM_METRICS not in metrics.info and CUSTOM_METRICS not in result["info"]  # popped
     kept = bound(CollectMetrics(StubWorkers(StubWorker(list(episodes))), keep_per_episode_custom_metrics=True))
@@ -405,6 +436,7 @@ def test_a_report_has_the_standard_keys(fake_workers: Any) -> None:
                                     TrainerConfig(timesteps_per_iteration=20), clock=clock)
     assert repr(plan) == ("LocalIterator[train_op.for_each().filter(ReportGate(20 steps, 0 s))"
                           ".for_each(CollectMetrics)]")
+    ws.local_worker().sample()  # one finished episode, so the episode statistics are there
     result = next(plan)
     for key in ("timesteps_total", "timesteps_this_iter", "agent_timesteps_total", "episode_reward_mean",
                 "episode_reward_min", "episode_reward_max", "episode_len_mean", "episodes_this_iter",
