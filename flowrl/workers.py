@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -58,10 +59,16 @@ class RolloutWorker(ParallelIteratorWorker):
         policy_class: the :class:`~flowrl.policy.Policy` subclass to act (and, locally, learn) with.
         config: a :class:`RolloutConfig` (or an algorithm config extending it).
         worker_index: 0 for the local worker, 1..N for remote ones; seeds derive from it.
+
+    Attributes:
+        learn_lock: held by learner threads while they train this worker's policies (it is their
+            ``weights_lock``) and by :meth:`get_state` / :meth:`set_state`, so a checkpoint taken in the
+            driver while a learner thread trains never reads weights or optimizer state halfway through a step.
     """
 
     def __init__(self, *, policy_class: type[Policy], config: RolloutConfig, worker_index: int = 0) -> None:
         self.config, self.worker_index = config, worker_index
+        self.learn_lock = threading.RLock()
         if worker_index > 0:  # a remote worker: one intra-op thread per reserved CPU
             torch.set_num_threads(max(1, int(config.num_cpus_per_worker)))
         policy_config = dataclasses.replace(config, seed=_policy_seed(config.seed, worker_index))
@@ -324,19 +331,21 @@ class RolloutWorker(ParallelIteratorWorker):
     def get_state(self) -> dict[str, Any]:
         """Policies' state, the envs' state and RNG, and the episode bookkeeping (ids, steps, the
         complete_episodes carry-over), as numpy and plain data: a restored worker samples on exactly
-        as this one would."""
-        return {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()}, "env": self.env.get_state(),
-                "next_eps": self._next_eps, "eps_id": self._eps_id.copy(), "ep_t": self._ep_t.copy(),
-                "pending": [[dict(b) for b in per_env] for per_env in self._pending]}
+        as this one would. Read under :attr:`learn_lock`."""
+        with self.learn_lock:
+            return {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()},
+                    "env": self.env.get_state(), "next_eps": self._next_eps, "eps_id": self._eps_id.copy(),
+                    "ep_t": self._ep_t.copy(), "pending": [[dict(b) for b in per_env] for per_env in self._pending]}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        for pid, s in state["policies"].items():
-            self.get_policy(pid).set_state(s)
-        self.env.set_state(state["env"])
-        self._obs = self.env.current_obs
-        self._next_eps = int(state["next_eps"])
-        self._eps_id, self._ep_t = np.array(state["eps_id"]), np.array(state["ep_t"])
-        self._pending = [[SampleBatch(b) for b in per_env] for per_env in state["pending"]]
+        with self.learn_lock:
+            for pid, s in state["policies"].items():
+                self.get_policy(pid).set_state(s)
+            self.env.set_state(state["env"])
+            self._obs = self.env.current_obs
+            self._next_eps = int(state["next_eps"])
+            self._eps_id, self._ep_t = np.array(state["eps_id"]), np.array(state["ep_t"])
+            self._pending = [[SampleBatch(b) for b in per_env] for per_env in state["pending"]]
 
     def apply(self, fn: Callable[[RolloutWorker], R]) -> R:
         """Calls ``fn(self)``: what ``WorkerSet.foreach_worker`` runs on each worker."""

@@ -377,7 +377,10 @@ class _LearnerBase(threading.Thread):
         self.local_worker = local_worker
         self.inqueue: queue.Queue[Any] = queue.Queue(maxsize=learner_queue_size)
         self.outqueue: queue.Queue[Any] = queue.Queue()
-        self.weights_lock = threading.Lock()
+        # the worker's own lock where it has one (RolloutWorker.learn_lock), so its get_state in the driver
+        # (a checkpoint) waits for the step in progress instead of reading a half-updated network
+        lock = getattr(local_worker, "learn_lock", None)
+        self.weights_lock: threading.Lock | threading.RLock = lock if lock is not None else threading.Lock()
         self.weights_updated = False
         self.learner_info: dict[str, Any] = {}
         self.num_steps = 0
