@@ -684,23 +684,6 @@ def algorithms(name: str | None) -> None:
         click.echo(f"  {key} = {getattr(value, '__qualname__', None) or repr(value)}{settable}")
 
 
-def _smallest_workers(config: TrainerConfig) -> TrainerConfig:
-    """``config`` with the fewest remote workers it allows while keeping its plan's shape (none stays none;
-    otherwise the fewest, at least one, that its validation accepts), each asking Ray for no CPU or GPU."""
-    small = dataclasses.replace(config, num_cpus_per_worker=0, num_gpus_per_worker=0)
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)  # a config's advice on worker counts is not for counts the user did not choose
-    try:
-        for n in range(1, config.num_workers):
-            try:
-                return dataclasses.replace(small, num_workers=n)
-            except (ValueError, TypeError):
-                continue  # e.g. IMPALA's tree aggregation needs a worker per aggregator
-    finally:
-        logging.disable(previous)
-    return small
-
-
 @main.group("plan")
 def plan_group() -> None:
     """Inspect an algorithm's plan without training it."""
@@ -714,25 +697,22 @@ def plan_group() -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "dot", "mermaid"]), default="text", show_default=True,
               help="text: describe()'s tree; dot: Graphviz DOT (`dot -Tsvg`); mermaid: a Mermaid flowchart.")
 def plan_show(algo: str, env: str | None, config_items: tuple[str, ...], fmt: str) -> None:
-    """Build ALGO's plan and print its operator graph; nothing is sampled or trained.
+    """Build ALGO's plan and print its operator graph; nothing is sampled or trained, and nothing starts.
 
-    The plan is built with the fewest remote workers the config allows (none stays none), each asking Ray for
-    no CPU, so the graph is the one `flowrl train` runs with these options, with fewer shards.
+    The plan is built over stand-ins for its workers (and Ape-X's replay shards) that never run, so Ray, envs
+    and models are not started; the graph is the one `flowrl train` runs with these options, shard for shard.
     """
     from flowrl import plan_graph
 
     algorithm = get_algorithm(algo)
     config, _ = _config_and_checkpoint(algorithm, [*config_items, *([f"env={env}"] if env is not None else [])], None)
-    small = _smallest_workers(config)
-    if small.num_workers != config.num_workers:
-        click.echo(f"(built with num_workers={small.num_workers} instead of {config.num_workers}: the same graph "
-                   f"with fewer shards)", err=True)
-    trainer = _make_trainer(algorithm, small)
+    render = {"text": plan_graph.to_text, "dot": plan_graph.to_dot, "mermaid": plan_graph.to_mermaid}[fmt]
     try:
-        render = {"text": plan_graph.to_text, "dot": plan_graph.to_dot, "mermaid": plan_graph.to_mermaid}[fmt]
-        click.echo(render(plan_graph.build(trainer.plan)))
-    finally:
-        trainer.stop()
+        with plan_graph.stand_in_plan(algorithm, config) as plan:
+            plan.validate()
+            click.echo(render(plan_graph.build(plan)))
+    except ValueError as e:  # e.g. tree aggregation with too few workers: as Trainer(...) would say
+        raise click.UsageError(str(e)) from None
 
 
 @main.command("profile")
