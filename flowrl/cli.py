@@ -581,7 +581,8 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
                                         if checkpoint is not None else ""))
     click.echo(f"progress: {run_dir / PROGRESS_CSV} and {run_dir / 'result.json'}")
     click.echo(f"tensorboard events: {run_dir / TB_DIR} (view with: tensorboard --logdir {run_dir.parent})")
-    click.echo(f"plan: {trainer.plan!r}")
+    from flowrl import plan_graph  # the plan's operators by name; `flowrl plan show ALGO` draws its graph
+    click.echo(plan_graph.summary(trainer.plan, algorithm.name))
     saved, reason, result = checkpoint, None, None
     try:
         with (RunLogger(run_dir, keep_through_iteration=trainer.training_iteration if checkpoint else None) as logs,

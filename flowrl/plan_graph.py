@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -52,7 +53,8 @@ if TYPE_CHECKING:
     from flowrl.algorithms import Algorithm
     from flowrl.config import TrainerConfig
 
-__all__ = ["Node", "Edge", "PlanGraph", "build", "to_text", "to_dot", "to_mermaid", "problems", "stand_in_plan"]
+__all__ = ["Node", "Edge", "PlanGraph", "build", "to_text", "to_dot", "to_mermaid", "problems", "stand_in_plan",
+           "operator_names", "summary"]
 
 
 @dataclass(frozen=True)
@@ -315,6 +317,52 @@ def problems(graph: PlanGraph, metrics: MetricsContext) -> list[str]:
                          f"{type(op).__name__}(...) for this plan")
     return found
 
+
+def operator_names(graph: PlanGraph) -> list[str]:
+    """The plan's operators by name, upstream first, each once: the callable's name for a stage (``TrainOneStep``),
+    the head of the label otherwise (``ParallelRollouts``, ``Concurrently``, ``ApexLearnerThread``). A composite's
+    internals, anonymous stages (``for_each()``) and plumbing (gathers, ``duplicate``, ``zip_with_source_actor``,
+    bare queues) are left out.
+
+    Examples:
+        >>> from flowrl.ops import ConcatBatches, ParallelRollouts, TrainOneStep
+        >>> from flowrl.testing import make_fake_workers
+        >>> workers = make_fake_workers(0, rollout_fragment_length=10)
+        >>> plan = ParallelRollouts(workers).combine(ConcatBatches(20)).for_each(TrainOneStep(workers)).for_each(abs)
+        >>> operator_names(build(plan))
+        ['ParallelRollouts', 'ConcatBatches', 'TrainOneStep']
+    """
+    internal: set[int] = set()
+    frontier = [e.src for n in graph.nodes if n.kind == "named" for e in graph.inputs(n.id) if not e.via_queue]
+    while frontier:
+        node = frontier.pop()
+        if node not in internal:
+            internal.add(node)
+            frontier += [e.src for e in graph.inputs(node) if not e.via_queue]
+    names: list[str] = []
+    for node in graph.nodes:
+        if node.id in internal or node.kind in ("parallel", "gather", "duplicate", "queue"):
+            continue
+        label = node.label
+        if node.kind == "transform":
+            label = label.partition("(")[2].removesuffix(")")
+        name = label.split("(")[0].split("[")[0]
+        if name and name.isidentifier() and name not in names:
+            names.append(name)
+    return names
+
+
+def summary(plan: LocalIterator[Any], algorithm: str, width: int = 100) -> str:
+    """One short paragraph for a run's log: ``plan:`` and its :func:`operator_names`, wrapped to ``width`` columns,
+    and the command that draws the whole graph.
+
+    Examples:
+        >>> print(summary(iter_list([1]).for_each(abs), "pg"))
+        plan: iter_list (`flowrl plan show pg` draws the graph)
+    """
+    hint = f"(`flowrl plan show {algorithm}` draws the graph)".replace(" ", "\0")  # kept on one line
+    text = f"plan: {', '.join(operator_names(build(plan)))} {hint}"
+    return textwrap.fill(text, width=width, subsequent_indent="      ", break_on_hyphens=False).replace("\0", " ")
 
 # -- a plan built over stand-ins, to draw it without Ray ------------------------------------------------------
 
