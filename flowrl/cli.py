@@ -41,12 +41,14 @@ import collections.abc
 import dataclasses
 import difflib
 import importlib
+import inspect
 import json
 import logging
 import math
 import os
 import re
 import sys
+import textwrap
 import time
 import types
 from dataclasses import dataclass
@@ -659,10 +661,74 @@ def _summary(algorithm: Algorithm) -> str:
     return first.split(" (", 1)[0]
 
 
+#: `flowrl algorithms NAME` fits its lines in this many columns.
+_WIDTH = 100
+
+
+def _field_docs(config_class: type) -> dict[str, str]:
+    """Field name -> its description, from the ``Attributes:`` sections of the docstrings of ``config_class`` and
+    its bases (a subclass's entry wins). An entry ``a / b: text`` describes both fields.
+
+    Examples:
+        >>> from flowrl.config import RolloutConfig
+        >>> docs = _field_docs(RolloutConfig)
+        >>> docs["lr"], docs["num_gpus_per_worker"]
+        ('Adam learning rate.', 'what each remote worker asks Ray for.')
+        >>> from flowrl.algorithms.dqn import DQNConfig
+        >>> docs = _field_docs(DQNConfig)
+        >>> docs["adam_epsilon"], docs["prioritized_replay_eps"][:40]
+        ("Adam's epsilon (1e-8).", 'priority exponent (0.6), importance-weig')
+    """
+    docs: dict[str, str] = {}
+    for cls in reversed(config_class.__mro__):
+        lines = inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines()
+        if "Attributes:" not in lines:
+            continue
+        entries: list[list[str]] = []
+        for line in lines[lines.index("Attributes:") + 1:]:
+            if line and not line[0].isspace():
+                break  # the next section
+            if re.match(r"^ {4}[\w./ ]+?:(\s|$)", line):
+                entries.append([line.strip()])
+            elif entries and line.strip():
+                entries[-1].append(line.strip())
+        fields = {f.name for f in dataclasses.fields(config_class)}
+        for entry in entries:
+            names, _, text = " ".join(entry).partition(":")
+            # "lr: Adam learning rate. adam_epsilon: Adam's epsilon." describes two fields
+            parts = re.split(r"(?<=\.)\s+([a-z_]\w*):\s+", text.strip())
+            described = [(names, parts[0])] + [(n, t) for n, t in zip(parts[1::2], parts[2::2])]
+            for names_, text_ in described:
+                first, *others = [n.strip() for n in names_.split("/")]
+                stem = first.rsplit("_", 1)[0]  # "alpha / _beta / _eps" shares alpha's stem
+                for name in [first, *(stem + n if n.startswith("_") and stem + n in fields else n for n in others)]:
+                    docs[name] = text_
+    return docs
+
+
+def _plain(text: str) -> str:
+    """Docstring markup as plain text: ``x`` -> x, :class:`~a.B` -> B."""
+    text = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
+def _first_sentence(text: str) -> str:
+    return re.split(r"(?<=[.])\s+(?=[A-Z(])", _plain(text), maxsplit=1)[0]
+
+
+def _shown(value: Any, width: int) -> str:
+    """A default as the listing shows it: a callable or class by name, anything else by repr, cut to ``width``."""
+    text = getattr(value, "__qualname__", None) or repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 @main.command("algorithms")
 @click.argument("name", required=False, callback=lambda ctx, param, v: None if v is None else _algorithm_arg(ctx, param, v))
 def algorithms(name: str | None) -> None:
-    """List the registered algorithms, or NAME's config fields with their defaults."""
+    """List the registered algorithms, or NAME's config fields: default, type and what each does.
+
+    Fields whose name starts with an underscore are internal (e.g. _fake_gpus, for tests) and not listed.
+    """
     if name is None:
         for key in sorted(ALGORITHMS):
             algorithm = get_algorithm(key)
@@ -672,17 +738,23 @@ def algorithms(name: str | None) -> None:
     defaults = config_class()
     click.echo(f"{name}: {config_class.__name__} (set with --config KEY=VALUE)")
     for key in _field_names(config_class):
+        if any(part.startswith("_") for part in key.split(".")):
+            continue  # internal
         value: Any = defaults
-        for part in key.split("."):
-            value = getattr(value, part)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            continue  # its fields are listed with dotted keys
         cls, tp = config_class, None
         for part in key.split("."):
-            tp = config_field_types(cls)[part]
+            value = getattr(value, part)
+            owner, tp = cls, config_field_types(cls)[part]
             cls = tp if _is_dataclass_type(tp) else cls
-        settable = "" if _settable(tp) else "  (a callable or class: not settable from the command line)"
-        click.echo(f"  {key} = {getattr(value, '__qualname__', None) or repr(value)}{settable}")
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            continue  # its fields are listed with dotted keys
+        kind = _describe(tp) if _settable(tp) else "a callable or class: not settable from the command line"
+        head = f"  {key} = "
+        click.echo(f"{head}{_shown(value, _WIDTH - len(head) - len(kind) - 4)}  ({kind})")
+        doc = _field_docs(owner).get(key.split(".")[-1])
+        if doc:
+            click.echo(textwrap.fill(_first_sentence(doc), width=_WIDTH, initial_indent=" " * 6,
+                                     subsequent_indent=" " * 6, break_on_hyphens=False))
 
 
 @main.group("plan")
