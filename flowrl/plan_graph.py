@@ -335,10 +335,10 @@ def operator_names(graph: PlanGraph) -> list[str]:
     internal: set[int] = set()
     frontier = [e.src for n in graph.nodes if n.kind == "named" for e in graph.inputs(n.id) if not e.via_queue]
     while frontier:
-        node = frontier.pop()
-        if node not in internal:
-            internal.add(node)
-            frontier += [e.src for e in graph.inputs(node) if not e.via_queue]
+        upstream = frontier.pop()
+        if upstream not in internal:
+            internal.add(upstream)
+            frontier += [e.src for e in graph.inputs(upstream) if not e.via_queue]
     names: list[str] = []
     for node in graph.nodes:
         if node.id in internal or node.kind in ("parallel", "gather", "duplicate", "queue"):
@@ -429,7 +429,7 @@ def _stand_in_owned_state(algorithm: Algorithm, config: TrainerConfig) -> dict[s
     replay buffer: memory only) as the algorithm makes it."""
     from flowrl.algorithms import apex
 
-    if algorithm.make_owned_state is apex.make_owned_state:
+    if algorithm.make_owned_state is apex.make_owned_state and isinstance(config, apex.ApexConfig):
         return {"replay_actors": [_StandInActor(f"replay_shard_{i}") for i in range(config.num_replay_buffer_shards)]}
     return dict(algorithm.make_owned_state(config)) if algorithm.make_owned_state is not None else {}
 
