@@ -60,7 +60,7 @@ import click
 
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import TrainerConfig, config_field_types
-from flowrl.logger import LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress
+from flowrl.logger import LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress, record_target
 
 if TYPE_CHECKING:
     from flowrl.trainer import Trainer
@@ -585,6 +585,7 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
     click.echo(f"tensorboard events: {run_dir / TB_DIR} (view with: tensorboard --logdir {run_dir.parent})")
     from flowrl import plan_graph  # the plan's operators by name; `flowrl plan show ALGO` draws its graph
     click.echo(plan_graph.summary(trainer.plan, algorithm.name))
+    record_target(run_dir, stop.reward)  # the learning curve draws it, now and in `flowrl plot RUN_DIR`
     saved, reason, result = checkpoint, None, None
     try:
         with (RunLogger(run_dir, keep_through_iteration=trainer.training_iteration if checkpoint else None) as logs,
@@ -647,10 +648,12 @@ def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help=f"The PNG to write (default: RUN_DIR/{LEARNING_CURVE}).")
-def plot(run_dir: Path, out: Path | None) -> None:
-    """Draw RUN_DIR/progress.csv's learning curve (episode_reward_mean vs timesteps_total) into a PNG."""
+@click.option("--target", type=float, help="Draw this target return (default: the run's --stop-reward, if any).")
+def plot(run_dir: Path, out: Path | None, target: float | None) -> None:
+    """Draw RUN_DIR/progress.csv's learning curve (episode_reward_mean vs timesteps_total, each policy's return in
+    a multi-agent run, the target return) into a PNG."""
     try:
-        click.echo(plot_progress(run_dir, out))
+        click.echo(plot_progress(run_dir, out, target=target))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="'RUN_DIR'") from None
 
