@@ -639,7 +639,7 @@ class LocalIterator(Generic[T]):
             | for_each() | 3 | 3 | ... |
             | iter_list | - | 3 | ... |
             | (outside the stages) | | | ... |
-            (outside the stages: wall time when no operator of the plan was running, ...
+            (outside the stages: wall time when no operator of the plan ran, ...
         """
         from flowrl import profiling
         return profiling.table(self)

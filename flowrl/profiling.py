@@ -50,7 +50,7 @@ Examples:
     | filter() | 6 | 3 | ... |
     | iter_list | - | 6 | ... |
     | (outside the stages) | | | ... |
-    (outside the stages: wall time when no operator of the plan was running, ...
+    (outside the stages: wall time when no operator of the plan ran, ...
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def _notes(entry: dict[str, Any]) -> str:
 TABLE_WIDTH = 100
 
 #: What the table's last row counts, said under the table.
-OUTSIDE_NOTE = ("(outside the stages: wall time when no operator of the plan was running, i.e. between pulls: "
+OUTSIDE_NOTE = ("(outside the stages: wall time when no operator of the plan ran, i.e. between pulls: "
                 "the caller's own work, such as a Trainer's result handling, logging and checkpoints between "
                 "train() calls, and the plan's backoff sleeps after a pull found no item ready, as an async plan "
                 "waits for its workers or learner)")

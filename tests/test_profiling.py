@@ -69,7 +69,7 @@ def test_repeated_labels_get_a_suffix_and_the_table_lines_up_with_describe() -> 
     rows = [line.split("|")[1].rstrip()[1:] for line in lines[3:3 + len(described)]]
     assert rows == described
     assert lines[3 + len(described)].startswith("| (outside the stages) ")
-    assert lines[4 + len(described)].startswith("(outside the stages: wall time when no operator of the plan was running")
+    assert lines[4 + len(described)].startswith("(outside the stages: wall time when no operator of the plan ran")
     assert max(len(line) for line in lines) <= profiling.TABLE_WIDTH
 
 

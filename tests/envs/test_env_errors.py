@@ -34,13 +34,15 @@ def test_a_missing_box2d_names_the_pip_command() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is not None, reason="ale-py is installed here")
 def test_an_ale_id_without_ale_py_names_the_pip_command() -> None:
     message = one_line_error("ALE/Pong-v5")
-    assert message.startswith("env id 'ALE/Pong-v5' needs the ale-py package") and message.endswith("pip install ale-py")
+    assert message.startswith("env id 'ALE/Pong-v5' needs the ale-py package")
+    assert message.endswith("pip install ale-py")
 
 
 def test_a_known_namespace_is_registered_by_importing_its_package(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "flowrl_fake_ns.py").write_text(
-        'import gymnasium\ngymnasium.register("FakeNs/Cart-v0", entry_point="gymnasium.envs.classic_control:CartPoleEnv")\n')
+        "import gymnasium\n"
+        "gymnasium.register('FakeNs/Cart-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(base._NAMESPACE_PACKAGES, "FakeNs", ("fake-ns", "flowrl_fake_ns"))
     try:
