@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 import threading
 import time
 import types
@@ -61,7 +63,7 @@ import click
 
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import TrainerConfig, config_field_types
-from flowrl.logger import LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress
+from flowrl.logger import LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress, record_target
 
 if TYPE_CHECKING:
     from flowrl.trainer import Trainer
@@ -650,7 +652,9 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
                                         if checkpoint is not None else ""))
     click.echo(f"progress: {run_dir / PROGRESS_CSV} and {run_dir / 'result.json'}")
     click.echo(f"tensorboard events: {run_dir / TB_DIR} (view with: tensorboard --logdir {run_dir.parent})")
-    click.echo(f"plan: {trainer.plan!r}")
+    from flowrl import plan_graph  # the plan's operators by name; `flowrl plan show ALGO` draws its graph
+    click.echo(plan_graph.summary(trainer.plan, algorithm.name))
+    record_target(run_dir, stop.reward)  # the learning curve draws it, now and in `flowrl plot RUN_DIR`
     saved, reason, result = checkpoint, None, None
     completed = saved_at = trainer.training_iteration  # the last report's iteration; the one `saved` holds
     snapshot: dict[str, Any] | None = None  # the trainer's state after the last completed report
@@ -761,10 +765,12 @@ def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: 
 @click.argument("run_dir", type=click.Path(exists=True, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help=f"The PNG to write (default: RUN_DIR/{LEARNING_CURVE}).")
-def plot(run_dir: Path, out: Path | None) -> None:
-    """Draw RUN_DIR/progress.csv's learning curve (episode_reward_mean vs timesteps_total) into a PNG."""
+@click.option("--target", type=float, help="Draw this target return (default: the run's --stop-reward, if any).")
+def plot(run_dir: Path, out: Path | None, target: float | None) -> None:
+    """Draw RUN_DIR/progress.csv's learning curve (episode_reward_mean vs timesteps_total, each policy's return in
+    a multi-agent run, the target return) into a PNG."""
     try:
-        click.echo(plot_progress(run_dir, out))
+        click.echo(plot_progress(run_dir, out, target=target))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="'RUN_DIR'") from None
 
@@ -775,10 +781,74 @@ def _summary(algorithm: Algorithm) -> str:
     return first.split(" (", 1)[0]
 
 
+#: `flowrl algorithms NAME` fits its lines in this many columns.
+_WIDTH = 100
+
+
+def _field_docs(config_class: type) -> dict[str, str]:
+    """Field name -> its description, from the ``Attributes:`` sections of the docstrings of ``config_class`` and
+    its bases (a subclass's entry wins). An entry ``a / b: text`` describes both fields.
+
+    Examples:
+        >>> from flowrl.config import RolloutConfig
+        >>> docs = _field_docs(RolloutConfig)
+        >>> docs["lr"], docs["num_gpus_per_worker"]
+        ('Adam learning rate.', 'what each remote worker asks Ray for.')
+        >>> from flowrl.algorithms.dqn import DQNConfig
+        >>> docs = _field_docs(DQNConfig)
+        >>> docs["adam_epsilon"], docs["prioritized_replay_eps"][:40]
+        ("Adam's epsilon (1e-8).", 'priority exponent (0.6), importance-weig')
+    """
+    docs: dict[str, str] = {}
+    for cls in reversed(config_class.__mro__):
+        lines = inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines()
+        if "Attributes:" not in lines:
+            continue
+        entries: list[list[str]] = []
+        for line in lines[lines.index("Attributes:") + 1:]:
+            if line and not line[0].isspace():
+                break  # the next section
+            if re.match(r"^ {4}[\w./ ]+?:(\s|$)", line):
+                entries.append([line.strip()])
+            elif entries and line.strip():
+                entries[-1].append(line.strip())
+        fields = {f.name for f in dataclasses.fields(config_class)}
+        for entry in entries:
+            names, _, text = " ".join(entry).partition(":")
+            # "lr: Adam learning rate. adam_epsilon: Adam's epsilon." describes two fields
+            parts = re.split(r"(?<=\.)\s+([a-z_]\w*):\s+", text.strip())
+            described = [(names, parts[0])] + [(n, t) for n, t in zip(parts[1::2], parts[2::2])]
+            for names_, text_ in described:
+                first, *others = [n.strip() for n in names_.split("/")]
+                stem = first.rsplit("_", 1)[0]  # "alpha / _beta / _eps" shares alpha's stem
+                for name in [first, *(stem + n if n.startswith("_") and stem + n in fields else n for n in others)]:
+                    docs[name] = text_
+    return docs
+
+
+def _plain(text: str) -> str:
+    """Docstring markup as plain text: ``x`` -> x, :class:`~a.B` -> B."""
+    text = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
+def _first_sentence(text: str) -> str:
+    return re.split(r"(?<=[.])\s+(?=[A-Z(])", _plain(text), maxsplit=1)[0]
+
+
+def _shown(value: Any, width: int) -> str:
+    """A default as the listing shows it: a callable or class by name, anything else by repr, cut to ``width``."""
+    text = getattr(value, "__qualname__", None) or repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 @main.command("algorithms")
 @click.argument("name", required=False, callback=lambda ctx, param, v: None if v is None else _algorithm_arg(ctx, param, v))
 def algorithms(name: str | None) -> None:
-    """List the registered algorithms, or NAME's config fields with their defaults."""
+    """List the registered algorithms, or NAME's config fields: default, type and what each does.
+
+    Fields whose name starts with an underscore are internal (e.g. _fake_gpus, for tests) and not listed.
+    """
     if name is None:
         for key in sorted(ALGORITHMS):
             algorithm = get_algorithm(key)
@@ -788,34 +858,23 @@ def algorithms(name: str | None) -> None:
     defaults = config_class()
     click.echo(f"{name}: {config_class.__name__} (set with --config KEY=VALUE)")
     for key in _field_names(config_class):
+        if any(part.startswith("_") for part in key.split(".")):
+            continue  # internal
         value: Any = defaults
-        for part in key.split("."):
-            value = getattr(value, part)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            continue  # its fields are listed with dotted keys
         cls, tp = config_class, None
         for part in key.split("."):
-            tp = config_field_types(cls)[part]
+            value = getattr(value, part)
+            owner, tp = cls, config_field_types(cls)[part]
             cls = tp if _is_dataclass_type(tp) else cls
-        settable = "" if _settable(tp) else "  (a callable or class: not settable from the command line)"
-        click.echo(f"  {key} = {getattr(value, '__qualname__', None) or repr(value)}{settable}")
-
-
-def _smallest_workers(config: TrainerConfig) -> TrainerConfig:
-    """``config`` with the fewest remote workers it allows while keeping its plan's shape (none stays none;
-    otherwise the fewest, at least one, that its validation accepts), each asking Ray for no CPU or GPU."""
-    small = dataclasses.replace(config, num_cpus_per_worker=0, num_gpus_per_worker=0)
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)  # a config's advice on worker counts is not for counts the user did not choose
-    try:
-        for n in range(1, config.num_workers):
-            try:
-                return dataclasses.replace(small, num_workers=n)
-            except (ValueError, TypeError):
-                continue  # e.g. IMPALA's tree aggregation needs a worker per aggregator
-    finally:
-        logging.disable(previous)
-    return small
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            continue  # its fields are listed with dotted keys
+        kind = _describe(tp) if _settable(tp) else "a callable or class: not settable from the command line"
+        head = f"  {key} = "
+        click.echo(f"{head}{_shown(value, _WIDTH - len(head) - len(kind) - 4)}  ({kind})")
+        doc = _field_docs(owner).get(key.split(".")[-1])
+        if doc:
+            click.echo(textwrap.fill(_first_sentence(doc), width=_WIDTH, initial_indent=" " * 6,
+                                     subsequent_indent=" " * 6, break_on_hyphens=False))
 
 
 @main.group("plan")
@@ -831,25 +890,22 @@ def plan_group() -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "dot", "mermaid"]), default="text", show_default=True,
               help="text: describe()'s tree; dot: Graphviz DOT (`dot -Tsvg`); mermaid: a Mermaid flowchart.")
 def plan_show(algo: str, env: str | None, config_items: tuple[str, ...], fmt: str) -> None:
-    """Build ALGO's plan and print its operator graph; nothing is sampled or trained.
+    """Build ALGO's plan and print its operator graph; nothing is sampled or trained, and nothing starts.
 
-    The plan is built with the fewest remote workers the config allows (none stays none), each asking Ray for
-    no CPU, so the graph is the one `flowrl train` runs with these options, with fewer shards.
+    The plan is built over stand-ins for its workers (and Ape-X's replay shards) that never run, so Ray, envs
+    and models are not started; the graph is the one `flowrl train` runs with these options, shard for shard.
     """
     from flowrl import plan_graph
 
     algorithm = get_algorithm(algo)
     config, _ = _config_and_checkpoint(algorithm, [*config_items, *([f"env={env}"] if env is not None else [])], None)
-    small = _smallest_workers(config)
-    if small.num_workers != config.num_workers:
-        click.echo(f"(built with num_workers={small.num_workers} instead of {config.num_workers}: the same graph "
-                   f"with fewer shards)", err=True)
-    trainer = _make_trainer(algorithm, small)
+    render = {"text": plan_graph.to_text, "dot": plan_graph.to_dot, "mermaid": plan_graph.to_mermaid}[fmt]
     try:
-        render = {"text": plan_graph.to_text, "dot": plan_graph.to_dot, "mermaid": plan_graph.to_mermaid}[fmt]
-        click.echo(render(plan_graph.build(trainer.plan)))
-    finally:
-        trainer.stop()
+        with plan_graph.stand_in_plan(algorithm, config) as plan:
+            plan.validate()
+            click.echo(render(plan_graph.build(plan)))
+    except ValueError as e:  # e.g. tree aggregation with too few workers: as Trainer(...) would say
+        raise click.UsageError(str(e)) from None
 
 
 @main.command("profile")

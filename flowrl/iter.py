@@ -634,11 +634,12 @@ class LocalIterator(Generic[T]):
             [1, 2, 3]
             >>> print(it.profile())  # doctest: +ELLIPSIS
             profile: ... s of wall time since the first pull (cumulative)
-            | operator | in | out | in op s | waiting s | wall % | notes |
+            | operator | in | out | in op s | waiting s | wall % |
             |:...|
             | for_each() | 3 | 3 | ... |
             | iter_list | - | 3 | ... |
-            | (outside the stages: backoff waits, the consumer) | | | ... |
+            | (outside the stages) | | | ... |
+            (outside the stages: wall time when no operator of the plan ran, ...
         """
         from flowrl import profiling
         return profiling.table(self)

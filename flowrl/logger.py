@@ -14,7 +14,9 @@ A run directory holds:
 - ``tb/``: TensorBoard event files (``tensorboardX``) with one scalar per flattened key, at
   ``global_step = timesteps_total`` (``tensorboard --logdir runs``); a NaN or infinite value is not sent.
 - ``learning_curve.png``: :func:`plot_progress`'s plot of ``episode_reward_mean`` against
-  ``timesteps_total``, with the min/max band.
+  ``timesteps_total``, with the min/max band, each policy's return in a multi-agent run, and the target
+  return when one is known.
+- ``run_info.json``: the target return (``flowrl train --stop-reward``), for the plot (:func:`record_target`).
 
 Examples:
     >>> import tempfile
@@ -40,13 +42,18 @@ import math
 import os
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-__all__ = ["RunLogger", "flatten_result", "plot_progress", "PROGRESS_CSV", "RESULT_JSON", "TB_DIR", "LEARNING_CURVE"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["RunLogger", "flatten_result", "plot_progress", "learning_curve", "record_target", "PROGRESS_CSV",
+           "RESULT_JSON", "TB_DIR", "LEARNING_CURVE", "RUN_INFO"]
 
 PROGRESS_CSV, RESULT_JSON, TB_DIR, LEARNING_CURVE = "progress.csv", "result.json", "tb", "learning_curve.png"
+RUN_INFO = "run_info.json"  # what the run aims at: {"target_return": R}, from flowrl train --stop-reward
 
 
 def flatten_result(result: Mapping[str, Any], prefix: str = "") -> dict[str, int | float]:
@@ -194,13 +201,98 @@ def _column(rows: list[dict[str, str]], key: str) -> np.ndarray:
     return np.array(values, dtype=np.float64)
 
 
-def plot_progress(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Draws ``episode_reward_mean`` against ``timesteps_total`` from ``run_dir/progress.csv`` (with the
-    ``episode_reward_min``/``max`` band when present) into a PNG, with matplotlib's Agg backend.
+def _progress_csv(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir)
+    csv_path = run_dir if run_dir.suffix == ".csv" else run_dir / PROGRESS_CSV
+    if not csv_path.is_file():
+        raise ValueError(f"{csv_path} does not exist; pass a run directory written by `flowrl train` (RunLogger)")
+    return csv_path
+
+
+def record_target(run_dir: str | Path, target: float | None) -> None:
+    """Records the return a run aims at (``flowrl train --stop-reward``) in ``run_dir/run_info.json``, so that
+    :func:`plot_progress` draws it later too; ``None`` keeps what an earlier run recorded."""
+    if target is None:
+        return
+    path = Path(run_dir) / RUN_INFO
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**info, "target_return": float(target)}) + "\n")
+
+
+def _recorded_target(run_dir: Path) -> float | None:
+    path = run_dir / RUN_INFO
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("target_return")
+    return None if value is None else float(value)
+
+
+def learning_curve(run_dir: str | Path, *, target: float | None = None) -> Figure:
+    """The learning-curve figure of ``run_dir/progress.csv``: ``episode_reward_mean`` against
+    ``timesteps_total``, the ``episode_reward_min``/``max`` band when present, one line per policy
+    (``policy_reward_mean/<policy id>``) when the run has several policies, and a dashed line at the target
+    return (``target``, else the one :func:`record_target` recorded). The legend sits outside the axes.
+
+    Raises:
+        ValueError: no ``progress.csv``, or it has no row with a reward yet.
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     with RunLogger(d, tensorboard=False) as logs:
+        ...         for i in (1, 2):
+        ...             logs.log({"timesteps_total": 100 * i, "episode_reward_mean": 10.0 * i,
+        ...                       "policy_reward_mean": {"ppo_policy": 4.0 * i, "dqn_policy": 6.0 * i}})
+        ...     fig = learning_curve(d, target=50)
+        >>> [line.get_label() for line in fig.axes[0].get_lines()]  # doctest: +NORMALIZE_WHITESPACE
+        ['episode_reward_mean', 'policy_reward_mean/ppo_policy', 'policy_reward_mean/dqn_policy',
+         'target return 50']
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    csv_path = _progress_csv(run_dir)
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows, columns = list(reader), list(reader.fieldnames or [])
+    steps, mean = _column(rows, "timesteps_total"), _column(rows, "episode_reward_mean")
+    finite = np.isfinite(steps) & np.isfinite(mean)
+    if not finite.any():
+        raise ValueError(f"{csv_path} has no row with both timesteps_total and episode_reward_mean yet; train "
+                         f"until an episode has finished")
+    target = target if target is not None else _recorded_target(csv_path.parent)
+    fig = Figure(figsize=(9, 4.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    low, high = _column(rows, "episode_reward_min"), _column(rows, "episode_reward_max")
+    band = finite & np.isfinite(low) & np.isfinite(high)
+    if band.any():
+        ax.fill_between(steps[band], low[band], high[band], alpha=0.2, label="episode_reward_min/max")
+    marker = "." if finite.sum() < 30 else None
+    ax.plot(steps[finite], mean[finite], marker=marker, label="episode_reward_mean")
+    policies = [c for c in columns if c.startswith("policy_reward_mean/")]
+    for column in policies if len(policies) > 1 else []:
+        values = _column(rows, column)
+        shown = np.isfinite(steps) & np.isfinite(values)
+        ax.plot(steps[shown], values[shown], marker=marker, linewidth=1, label=column)
+    if target is not None:
+        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target return {target:g}")
+    ax.set_xlabel("timesteps_total (env steps)")
+    ax.set_ylabel("episode return")
+    ax.set_title(csv_path.parent.name)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside right upper")
+    return fig
+
+
+def plot_progress(run_dir: str | Path, out: str | Path | None = None, *, target: float | None = None) -> Path:
+    """Draws :func:`learning_curve` into a PNG, with matplotlib's Agg backend.
 
     Args:
         run_dir: a run directory (or the ``progress.csv`` itself).
         out: the PNG to write (``None``: ``run_dir/learning_curve.png``).
+        target: the target return to draw (``None``: the one recorded by ``flowrl train --stop-reward``, if any).
 
     Returns:
         The PNG's path.
@@ -208,35 +300,8 @@ def plot_progress(run_dir: str | Path, out: str | Path | None = None) -> Path:
     Raises:
         ValueError: no ``progress.csv``, or it has no row with a reward yet.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    run_dir = Path(run_dir)
-    csv_path = run_dir if run_dir.suffix == ".csv" else run_dir / PROGRESS_CSV
-    if not csv_path.is_file():
-        raise ValueError(f"{csv_path} does not exist; pass a run directory written by `flowrl train` (RunLogger)")
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    steps, mean = _column(rows, "timesteps_total"), _column(rows, "episode_reward_mean")
-    finite = np.isfinite(steps) & np.isfinite(mean)
-    if not finite.any():
-        raise ValueError(f"{csv_path} has no row with both timesteps_total and episode_reward_mean yet; train "
-                         f"until an episode has finished")
-    out_path = Path(out) if out is not None else csv_path.parent / LEARNING_CURVE
-    fig = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    low, high = _column(rows, "episode_reward_min"), _column(rows, "episode_reward_max")
-    band = finite & np.isfinite(low) & np.isfinite(high)
-    if band.any():
-        ax.fill_between(steps[band], low[band], high[band], alpha=0.2, label="episode_reward_min/max")
-    ax.plot(steps[finite], mean[finite], marker="." if finite.sum() < 30 else None, label="episode_reward_mean")
-    ax.set_xlabel("timesteps_total (env steps)")
-    ax.set_ylabel("episode return")
-    ax.set_title(csv_path.parent.name)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
+    fig = learning_curve(run_dir, target=target)
+    out_path = Path(out) if out is not None else _progress_csv(run_dir).parent / LEARNING_CURVE
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path)
     return out_path

@@ -39,14 +39,22 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from flowrl.iter import LocalIterator, ParallelIterator, _Origin
 from flowrl.metrics import MetricsBinding, MetricsContext
 
-__all__ = ["Node", "Edge", "PlanGraph", "build", "to_text", "to_dot", "to_mermaid", "problems"]
+if TYPE_CHECKING:
+    from flowrl.algorithms import Algorithm
+    from flowrl.config import TrainerConfig
+
+__all__ = ["Node", "Edge", "PlanGraph", "build", "to_text", "to_dot", "to_mermaid", "problems", "stand_in_plan",
+           "operator_names", "summary"]
 
 
 @dataclass(frozen=True)
@@ -308,3 +316,143 @@ def problems(graph: PlanGraph, metrics: MetricsContext) -> list[str]:
                          f"in another plan); an operator instance belongs to one dataflow, so build a new "
                          f"{type(op).__name__}(...) for this plan")
     return found
+
+
+def operator_names(graph: PlanGraph) -> list[str]:
+    """The plan's operators by name, upstream first, each once: the callable's name for a stage (``TrainOneStep``),
+    the head of the label otherwise (``ParallelRollouts``, ``Concurrently``, ``ApexLearnerThread``). A composite's
+    internals, anonymous stages (``for_each()``) and plumbing (gathers, ``duplicate``, ``zip_with_source_actor``,
+    bare queues) are left out.
+
+    Examples:
+        >>> from flowrl.ops import ConcatBatches, ParallelRollouts, TrainOneStep
+        >>> from flowrl.testing import make_fake_workers
+        >>> workers = make_fake_workers(0, rollout_fragment_length=10)
+        >>> plan = ParallelRollouts(workers).combine(ConcatBatches(20)).for_each(TrainOneStep(workers)).for_each(abs)
+        >>> operator_names(build(plan))
+        ['ParallelRollouts', 'ConcatBatches', 'TrainOneStep']
+    """
+    internal: set[int] = set()
+    frontier = [e.src for n in graph.nodes if n.kind == "named" for e in graph.inputs(n.id) if not e.via_queue]
+    while frontier:
+        upstream = frontier.pop()
+        if upstream not in internal:
+            internal.add(upstream)
+            frontier += [e.src for e in graph.inputs(upstream) if not e.via_queue]
+    names: list[str] = []
+    for node in graph.nodes:
+        if node.id in internal or node.kind in ("parallel", "gather", "duplicate", "queue"):
+            continue
+        label = node.label
+        if node.kind == "transform":
+            label = label.partition("(")[2].removesuffix(")")
+        name = label.split("(")[0].split("[")[0]
+        if name and name.isidentifier() and name not in names:
+            names.append(name)
+    return names
+
+
+def summary(plan: LocalIterator[Any], algorithm: str, width: int = 100) -> str:
+    """One short paragraph for a run's log: ``plan:`` and its :func:`operator_names`, wrapped to ``width`` columns,
+    and the command that draws the whole graph.
+
+    Examples:
+        >>> print(summary(iter_list([1]).for_each(abs), "pg"))
+        plan: iter_list (`flowrl plan show pg` draws the graph)
+    """
+    hint = f"(`flowrl plan show {algorithm}` draws the graph)".replace(" ", "\0")  # kept on one line
+    text = f"plan: {', '.join(operator_names(build(plan)))} {hint}"
+    return textwrap.fill(text, width=width, subsequent_indent="      ", break_on_hyphens=False).replace("\0", " ")
+
+# -- a plan built over stand-ins, to draw it without Ray ------------------------------------------------------
+
+class _StandInActor:
+    """An actor handle that is never called: a plan keeps it (a rollout worker, a replay shard) and the graph
+    counts it, but pulling the plan would call ``.remote`` on it, which raises."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, method: str) -> _StandInMethod:
+        if method.startswith("__"):
+            raise AttributeError(method)
+        return _StandInMethod(f"{self._name}.{method}")
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+class _StandInMethod:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self._name}.remote(): this plan was built over stand-in actors to draw its graph "
+                           f"(flowrl.plan_graph.stand_in_plan) and cannot run; build a Trainer to run it")
+
+
+def _stand_in_workers(config: TrainerConfig) -> Any:
+    """A WorkerSet of ``config.num_workers`` stand-in actors and a :class:`~flowrl.testing.FakeWorker` (no env,
+    no model) as the local worker; weight broadcasts and ``foreach_worker`` calls do nothing."""
+    from flowrl.testing import FakeWorker
+    from flowrl.workers import WorkerSet
+
+    class StandInWorkers(WorkerSet):
+        def __init__(self) -> None:  # no super().__init__(): it would make real workers
+            self.config, self.policy_class, self.worker_class = config, None, FakeWorker
+            self._local = FakeWorker(config=config)
+            self._remote = [_StandInActor(f"worker_{i + 1}") for i in range(config.num_workers)]
+            self._outstanding = []
+
+        def put_weights(self, policies: Sequence[str] | None = None) -> Any:
+            return None
+
+        def send_weights(self, ref: Any, to: Sequence[Any] | None = None,
+                         global_vars: Mapping[str, Any] | None = None) -> None:
+            pass
+
+        def sync_weights(self, policies: Sequence[str] | None = None,
+                         global_vars: Mapping[str, Any] | None = None) -> None:
+            pass
+
+        def foreach_worker(self, fn: Callable[[Any], Any]) -> list[Any]:
+            return []
+
+        def stop(self) -> None:
+            self._remote = []
+
+    return StandInWorkers()
+
+
+def _stand_in_owned_state(algorithm: Algorithm, config: TrainerConfig) -> dict[str, Any]:
+    """The trainer-owned state a plan takes: Ape-X's replay shard actors as stand-ins, anything else (a local
+    replay buffer: memory only) as the algorithm makes it."""
+    from flowrl.algorithms import apex
+
+    if algorithm.make_owned_state is apex.make_owned_state and isinstance(config, apex.ApexConfig):
+        return {"replay_actors": [_StandInActor(f"replay_shard_{i}") for i in range(config.num_replay_buffer_shards)]}
+    return dict(algorithm.make_owned_state(config)) if algorithm.make_owned_state is not None else {}
+
+
+@contextlib.contextmanager
+def stand_in_plan(algorithm: Algorithm, config: TrainerConfig) -> Iterator[LocalIterator[dict[str, Any]]]:
+    """``algorithm``'s plan for ``config``, built as a :class:`~flowrl.trainer.Trainer` builds it but over stand-in
+    workers (and Ape-X replay shards) that never run, so nothing starts: no Ray, no actors, no env, no model.
+    Its graph is the one the trainer runs, with as many shards; only pulling it fails. Closed on exit (a plan's
+    learner thread, started over the stand-in local worker, stops).
+
+    Examples:
+        >>> import ray
+        >>> from flowrl.algorithms import get_algorithm
+        >>> from flowrl.algorithms.apex import ApexConfig
+        >>> with stand_in_plan(get_algorithm("apex"), ApexConfig(num_workers=4)) as plan:
+        ...     graph = build(plan)
+        >>> [node.label for node in graph.nodes if node.kind == "parallel"]
+        ['ParallelIterator[from_actors[shards=4]] (4 shards)', 'ParallelIterator[from_actors[shards=4]] (4 shards)']
+    """
+    workers = _stand_in_workers(config)
+    plan = algorithm.plan(workers, config, **_stand_in_owned_state(algorithm, config))
+    try:
+        yield plan
+    finally:
+        plan.close()

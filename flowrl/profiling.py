@@ -44,18 +44,20 @@ Examples:
     {'iter_list': (None, 6), 'filter()': (6, 3), 'for_each()': (3, 3)}
     >>> print(it.profile())  # doctest: +ELLIPSIS
     profile: ... s of wall time since the first pull (cumulative)
-    | operator | in | out | in op s | waiting s | wall % | notes |
+    | operator | in | out | in op s | waiting s | wall % |
     |:...|
-    | for_each() | 3 | 3 | ... | ... | ...% | |
+    | for_each() | 3 | 3 | ... | ... | ...% |
     | filter() | 6 | 3 | ... |
     | iter_list | - | 6 | ... |
-    | (outside the stages: backoff waits, the consumer) | | | ... |
+    | (outside the stages) | | | ... |
+    (outside the stages: wall time when no operator of the plan ran, ...
 """
 
 from __future__ import annotations
 
 import math
 import queue
+import textwrap
 import time
 from collections import Counter
 from typing import Any, Callable, Iterable, TypeVar
@@ -366,12 +368,24 @@ def _notes(entry: dict[str, Any]) -> str:
     return "; ".join(n for n in notes if n)
 
 
-def table(plan: LocalIterator[Any]) -> str:
-    """The profile as a markdown-like table, one row per line of ``plan.describe()`` (``LocalIterator.profile()``).
+#: :func:`table` fits its lines in this many columns (a longer operator line is cut; notes wrap).
+TABLE_WIDTH = 100
 
-    Columns: items in and out, seconds in the operator and waiting for its upstream, its share of the wall time,
-    and notes (staleness, queue depths, requests in flight per shard). A last row holds the wall time spent
-    outside the plan's stages (the consumer's own work, backoff waits, time between pulls).
+#: What the table's last row counts, said under the table.
+OUTSIDE_NOTE = ("(outside the stages: wall time when no operator of the plan ran, i.e. between pulls: "
+                "the caller's own work, such as a Trainer's result handling, logging and checkpoints between "
+                "train() calls, and the plan's backoff sleeps after a pull found no item ready, as an async plan "
+                "waits for its workers or learner)")
+
+
+def table(plan: LocalIterator[Any]) -> str:
+    """The profile as a markdown-like table, one row per line of ``plan.describe()`` (``LocalIterator.profile()``),
+    within :data:`TABLE_WIDTH` columns.
+
+    Columns: items in and out, seconds in the operator and waiting for its upstream, and its share of the wall
+    time. A last row holds the wall time outside the plan's stages, explained under the table
+    (:data:`OUTSIDE_NOTE`); then the notes of the operators that have some (staleness, queue depths, requests in
+    flight per shard).
 
     Raises:
         ValueError: profiling is off for ``plan``.
@@ -379,27 +393,40 @@ def table(plan: LocalIterator[Any]) -> str:
     profiler = _profiler_of(plan)
     data = profiler.data()
     wall, nodes = data["wall_s"], data["nodes"]
-    rows = [("operator", "in", "out", "in op s", "waiting s", "wall %", "notes")]
+    rows = [("operator", "in", "out", "in op s", "waiting s", "wall %")]
+    notes: list[tuple[str, str]] = []
     inside = 0.0
     for node_id, line, repeat in plan_graph._text_rows(profiler.graph):
         entry = nodes[profiler.labels[node_id]]
         if repeat:
-            rows.append((line, "", "", "", "", "", ""))
+            rows.append((line, "", "", "", "", ""))
             continue
         inside += entry["time_in_op_s"] or 0.0
         share = entry["share_of_wall"]
         rows.append((line, _number(entry["items_in"]), _number(entry["items_out"]),
                      _number(entry["time_in_op_s"], ".3f"), _number(entry["time_waiting_s"], ".3f"),
-                     "-" if share is None else f"{100 * share:.1f}%", _notes(entry)))
+                     "-" if share is None else f"{100 * share:.1f}%"))
+        if note := _notes(entry):
+            notes.append((profiler.labels[node_id], note))
     outside = max(0.0, wall - inside)
-    rows.append(("(outside the stages: backoff waits, the consumer)", "", "", f"{outside:.3f}", "",
-                 f"{100 * outside / wall:.1f}%" if wall > 0 else "-", ""))
+    rows.append(("(outside the stages)", "", "", f"{outside:.3f}", "",
+                 f"{100 * outside / wall:.1f}%" if wall > 0 else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    right = [False, True, True, True, True, True, False]
+    widths[0] = min(widths[0], TABLE_WIDTH - sum(w + 3 for w in widths[1:]) - 4)
+    right = [False, True, True, True, True, True]
 
     def render(cells: tuple[str, ...]) -> str:
-        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)) + " |"
+        first = cells[0] if len(cells[0]) <= widths[0] else cells[0][:widths[0] - 3] + "..."
+        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w)
+                                 for c, w, r in zip((first, *cells[1:]), widths, right)) + " |"
+
+    def wrap(text: str, indent: str = "") -> list[str]:
+        return textwrap.wrap(text, width=TABLE_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                             break_on_hyphens=False)
 
     rule = "|" + "|".join((("-" * (w + 1)) + ":" if r else ":" + "-" * (w + 1)) for w, r in zip(widths, right)) + "|"
-    return "\n".join([f"profile: {wall:.3f} s of wall time since the first pull (cumulative)", render(rows[0]), rule]
-                     + [render(row) for row in rows[1:]])
+    lines = [f"profile: {wall:.3f} s of wall time since the first pull (cumulative)", render(rows[0]), rule,
+             *[render(row) for row in rows[1:]], *wrap(OUTSIDE_NOTE)]
+    if notes:
+        lines += ["notes:", *[line for label, note in notes for line in wrap(f"{label}: {note}", "  ")]]
+    return "\n".join(lines)

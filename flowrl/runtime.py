@@ -11,6 +11,7 @@ Examples:
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -24,13 +25,23 @@ import ray  # noqa: E402  (must follow the environment variable above)
 
 __all__ = ["init", "ensure_initialized", "actor_options"]
 
+#: Ray's logger for token authentication. A new local instance turns token authentication on when
+#: ``RAY_AUTH_MODE`` is unset, and says so in a WARNING ("Token authentication is enabled ... Set
+#: RAY_AUTH_MODE=disabled to opt out") on every start. That is Ray's secure default, not a problem, so
+#: :func:`init` holds this logger to ERROR while it starts a local instance. (Setting ``RAY_AUTH_MODE=token``
+#: instead would silence it too, but Ray reads the variable when ``ray`` is imported, so set after that import
+#: it leaves the instance half-configured and the start fails.) Joining a cluster keeps every message.
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
 
 def init(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
          **ray_kwargs: Any) -> None:
     """Starts an embedded Ray instance on loopback, or joins a cluster; no-op if Ray is running.
 
     Args:
-        address: ``None`` starts a local instance bound to 127.0.0.1 with no dashboard;
+        address: ``None`` starts a local instance bound to 127.0.0.1 with no dashboard, quietly (Ray's
+            driver logs at WARNING, so its INFO start line is not printed, and the note that token
+            authentication is on is dropped; pass ``logging_level=logging.INFO`` to see the start line);
             ``"auto"`` or ``"ray://host:port"`` (or ``"host:port"``) joins an existing cluster.
         num_cpus: logical CPUs of the local instance (``None``: what Ray detects). Ignored when joining.
         num_gpus: GPUs of the local instance. Ignored when joining.
@@ -52,7 +63,14 @@ def init(address: str | None = None, *, num_cpus: int | None = None, num_gpus: i
                       f"instance may listen on this machine's network address; set the variable "
                       f"before importing ray", RuntimeWarning, stacklevel=2)
     ray_kwargs.setdefault("include_dashboard", False)
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **ray_kwargs)
+    ray_kwargs.setdefault("logging_level", logging.WARNING)  # no "Started a local Ray instance." INFO line
+    auth_logger = logging.getLogger(_AUTH_LOGGER)
+    level = auth_logger.level
+    auth_logger.setLevel(logging.ERROR)  # see _AUTH_LOGGER
+    try:
+        ray.init(num_cpus=num_cpus, num_gpus=num_gpus, **ray_kwargs)
+    finally:
+        auth_logger.setLevel(level)
 
 
 def ensure_initialized() -> None:

@@ -68,7 +68,9 @@ def test_repeated_labels_get_a_suffix_and_the_table_lines_up_with_describe() -> 
     described = it.describe().splitlines()
     rows = [line.split("|")[1].rstrip()[1:] for line in lines[3:3 + len(described)]]
     assert rows == described
-    assert lines[-1].startswith("| (outside the stages")
+    assert lines[3 + len(described)].startswith("| (outside the stages) ")
+    assert lines[4 + len(described)].startswith("(outside the stages: wall time when no operator of the plan ran")
+    assert max(len(line) for line in lines) <= profiling.TABLE_WIDTH
 
 
 def test_time_in_the_op_and_waiting_for_upstream_are_split() -> None:
@@ -210,7 +212,7 @@ def test_plan_show_prints_the_plan_graph_without_training() -> None:
                                               "filter(ReportGate(0 steps, 0 s))", "for_each(UpdateKL)",
                                               "for_each(TrainOneStep)"]
     assert "batch_across_shards()" in result.stdout  # the config's remote workers: a barrier over them
-    assert "num_workers=1 instead of 2" in result.stderr
+    assert "(2 shards)" in result.stdout and not result.stderr  # every worker the config asks for
     dot = invoke("plan", "show", "pg", "--config", "num_workers=0", "--format", "dot")
     assert dot.exit_code == 0 and dot.stdout.startswith("digraph plan {") and "TrainOneStep" in dot.stdout
     mermaid = invoke("plan", "show", "pg", "--config", "num_workers=0", "--format", "mermaid")
@@ -240,4 +242,26 @@ def test_profile_trains_n_iterations_and_prints_the_table() -> None:
     assert [line.split()[:2] for line in lines[:2]] == [["iter", "1"], ["iter", "2"]]
     assert lines[2].startswith("profile: ") and lines[3].split("|")[1].strip() == "operator"
     train_row = next(line for line in lines if line.startswith("| for_each(TrainOneStep)"))
-    assert [cell.strip() for cell in train_row.split("|")[2:4]] == ["2", "2"] and "staleness 0.0" in train_row
+    assert [cell.strip() for cell in train_row.split("|")[2:4]] == ["2", "2"]
+    assert "  for_each(TrainOneStep): staleness 0.0 (max 0)" in lines[lines.index("notes:"):]
+
+
+def test_the_table_of_a_wide_plan_fits_100_columns_and_explains_the_remainder() -> None:
+    config = ApexConfig(seed=0, num_workers=2, num_replay_buffer_shards=1, learning_starts=100, buffer_size=2000,
+                        train_batch_size=20, rollout_fragment_length=10, target_network_update_freq=200,
+                        timesteps_per_iteration=100, min_iter_time_s=0)
+    workers = make_fake_workers(2, rollout_fragment_length=10)
+    shards = make_replay_shards(config)
+    it = profiling.enable(apex_plan(workers, config, replay_actors=shards))
+    try:
+        it.take(2)
+        lines = it.profile().splitlines()
+    finally:
+        it.close()
+        workers.stop()
+        for shard in shards:
+            ray.kill(shard)
+    assert max(len(line) for line in lines) <= 100
+    assert any(line.startswith("(outside the stages: wall time when no operator") for line in lines)
+    notes = lines[lines.index("notes:") + 1:]
+    assert any(line.startswith("  ApexLearnerThread: ") and "in-queue" in line for line in notes)

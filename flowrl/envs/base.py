@@ -92,7 +92,35 @@ EnvSpec = Union[str, Callable[[EnvContext], "gymnasium.Env[Any, Any]"], Callable
 ``EnvContext -> gymnasium.Env``; a multi-agent config's env is a callable ``EnvContext -> MultiAgentEnv``."""
 
 
-def _check_registered(env_id: str) -> None:
+#: gymnasium namespaces that a package registers when it is imported: namespace -> (pip requirement, module).
+#: An id in one of them (``"ALE/Pong-v5"``) imports the module first, as ``"ale_py:ALE/Pong-v5"`` would.
+_NAMESPACE_PACKAGES: dict[str, tuple[str, str]] = {"ALE": ("ale-py", "ale_py")}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _import_namespace(env_id: str) -> None:
+    """Imports the package that registers ``env_id``'s namespace, if flowrl knows it and the id is not registered."""
+    namespace = env_id.partition("/")[0] if "/" in env_id else None
+    if env_id in gymnasium.registry or namespace not in _NAMESPACE_PACKAGES:
+        return
+    requirement, module = _NAMESPACE_PACKAGES[namespace]
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(f"env id {env_id!r} needs the {requirement} package, which registers the {namespace} "
+                         f"namespace, and {module} cannot be imported ({err}): pip install {requirement}") from err
+
+
+def _check_registered(env_id: str) -> str:
+    """``env_id`` without its ``module:`` prefix, once that module (or its namespace's package) is imported.
+
+    Raises:
+        ValueError: the module cannot be imported, or the id is not registered (gymnasium's reason, the
+            closest registered ids and the fix).
+    """
     module, sep, name = env_id.partition(":")
     if sep:
         try:
@@ -102,13 +130,32 @@ def _check_registered(env_id: str) -> None:
                              f"the 'module:' prefix") from err
     else:
         name = env_id
-    if name in gymnasium.registry:
-        return
+    _import_namespace(name)
+    if name not in gymnasium.registry:
+        try:
+            gymnasium.spec(name)  # raises with gymnasium's own hint (a close name, a missing namespace's package)
+        except gymnasium.error.Error as err:
+            raise _unknown_id(name, err) from err
+    return name
+
+
+def _unknown_id(name: str, err: Exception) -> ValueError:
+    """An unknown id as one line: gymnasium's own reason (with its hint), the closest ids and the fix."""
     close = difflib.get_close_matches(name, list(gymnasium.registry), n=3, cutoff=0.6)
     hint = f"closest registered ids: {', '.join(repr(c) for c in close)}" if close else "no registered id is close"
-    raise ValueError(f"unknown gymnasium env id {name!r} ({hint}); pass a registered id (see "
-                     f"gymnasium.registry.keys()), 'module:Id' to register one on import, or a callable "
-                     f"EnvContext -> gymnasium.Env")
+    return ValueError(f"unknown gymnasium env id {name!r}: {_one_line(str(err))} ({hint}); pass a registered id "
+                      f"(see gymnasium.registry.keys()), 'module:Id' to register one on import, or a callable "
+                      f"EnvContext -> gymnasium.Env")
+
+
+def _missing_dependency(env: object, err: gymnasium.error.DependencyNotInstalled) -> ValueError:
+    """A missing optional dependency as one line: what is missing and, from gymnasium's message, the pip command."""
+    reason = _one_line(str(err))
+    if "pip install" not in reason:
+        missing = err.__cause__.name if isinstance(err.__cause__, ModuleNotFoundError) else None
+        reason += f"; install the package that provides the module {missing!r}" if missing else ""
+    label = repr(env) if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+    return ValueError(f"env {label} needs a package that is not installed: {reason}")
 
 
 def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
@@ -122,7 +169,9 @@ def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
         The env, not yet reset.
 
     Raises:
-        ValueError: an unknown id (the message lists the closest registered ids).
+        ValueError: an unknown id (the message lists the closest registered ids and keeps gymnasium's hint),
+            or an env that needs an optional package which is not installed (the message gives the pip
+            command, e.g. ``pip install "gymnasium[box2d]"`` or ``pip install ale-py``).
         TypeError: ``env`` is neither a string nor callable, the callable returned something that is not a
             ``gymnasium.Env``, or ``gymnasium.make`` rejected the config's keyword arguments.
 
@@ -132,18 +181,23 @@ def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
         >>> make_env("CartPol-v1", EnvContext())
         Traceback (most recent call last):
         ...
-        ValueError: unknown gymnasium env id 'CartPol-v1' (closest registered ids: 'CartPole-v1', ...
+        ValueError: unknown gymnasium env id 'CartPol-v1': Environment `CartPol` doesn't exist. ...
     """
     if isinstance(env, str):
-        _check_registered(env)
+        name = _check_registered(env)
         try:
-            return gymnasium.make(env, **ctx.config)
+            return gymnasium.make(name, **ctx.config)
+        except gymnasium.error.DependencyNotInstalled as err:
+            raise _missing_dependency(env, err) from err
         except TypeError as err:
             raise TypeError(f"gymnasium.make({env!r}, **config) rejected the env config {dict(ctx.config)!r}: {err}; "
                             f"fix or drop the offending keys") from err
     if not callable(env):
         raise TypeError(f"env={env!r} must be a gymnasium id (str) or a callable EnvContext -> gymnasium.Env")
-    made = env(ctx)
+    try:
+        made = env(ctx)
+    except gymnasium.error.DependencyNotInstalled as err:
+        raise _missing_dependency(env, err) from err
     if not isinstance(made, gymnasium.Env):
         name = getattr(env, "__qualname__", repr(env))
         raise TypeError(f"env callable {name} returned {type(made).__name__} ({made!r:.80}), not a gymnasium.Env; "

@@ -1,0 +1,57 @@
+"""`flowrl plan show` draws a plan over stand-in workers (flowrl.plan_graph.stand_in_plan): nothing starts, and
+the graph is the one a Trainer runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flowrl import plan_graph
+from flowrl.algorithms import ALGORITHMS, get_algorithm
+from flowrl.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_the_stand_in_plan_has_the_trainers_graph(name: str) -> None:
+    algorithm = get_algorithm(name)
+    default = algorithm.config_class()
+    config = dataclasses.replace(default, num_workers=min(default.num_workers, 2), num_cpus_per_worker=0)
+    trainer = Trainer(algorithm, config)
+    try:
+        trained = plan_graph.to_text(plan_graph.build(trainer.plan))
+    finally:
+        trainer.stop()
+    with plan_graph.stand_in_plan(algorithm, config) as plan:
+        assert plan_graph.to_text(plan_graph.build(plan)) == trained
+
+
+def test_plan_show_of_every_algorithm_starts_no_ray_and_draws_every_shard() -> None:
+    script = f"""
+import ray
+from click.testing import CliRunner
+from flowrl.algorithms import ALGORITHMS, get_algorithm
+from flowrl.cli import main
+for name in {sorted(ALGORITHMS)!r}:
+    result = CliRunner().invoke(main, ["plan", "show", name])
+    assert result.exit_code == 0, (name, result.output)
+    n = get_algorithm(name).config_class().num_workers
+    assert n == 0 or f"[shards={{n}}]" in result.output, (name, result.output)
+    print(name, ray.is_initialized())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [word for name in sorted(ALGORITHMS) for word in (name, "False")]
+
+
+def test_pulling_a_stand_in_plan_says_it_cannot_run() -> None:
+    algorithm = get_algorithm("ppo")
+    with plan_graph.stand_in_plan(algorithm, algorithm.config_class(num_workers=2)) as plan:
+        with pytest.raises(RuntimeError, match="stand-in actors to draw its graph"):
+            next(plan)
