@@ -242,6 +242,59 @@ class TrainerConfig(RolloutConfig):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0 seconds")
 
     @property
+    def sample_item_size(self) -> int:
+        """Steps in one item that the plan concatenates into train batches: ``ParallelRollouts(bulk_sync)`` yields
+        one fragment from every remote worker at once, ``sample_size x max(num_workers, 1)`` steps. Async plans
+        (IMPALA, APPO) override it with one worker's ``sample_size``."""
+        return self.sample_size * max(self.num_workers, 1)
+
+    @property
+    def actual_train_batch_size(self) -> int | None:
+        """The steps each train batch really holds, or ``None`` where no fixed size follows from the settings.
+
+        ``ConcatBatches`` concatenates whole items of :attr:`sample_item_size` steps until it holds at least
+        ``train_batch_size``, so a batch holds ``ceil(train_batch_size / item) x item`` steps: more than asked
+        whenever the item does not divide ``train_batch_size``. ``None`` with ``batch_mode="complete_episodes"``
+        or ``count_steps_by="agent_steps"`` (items vary in size). Replay-based configs (DQN, Ape-X) sample
+        exactly ``train_batch_size`` rows; A3C's gradients are one fragment each (``None``: the field is unused).
+
+        Examples:
+            >>> TrainerConfig(num_workers=0, num_envs_per_worker=20, train_batch_size=512).actual_train_batch_size
+            4000
+            >>> TrainerConfig(num_workers=2, rollout_fragment_length=100, train_batch_size=400).actual_train_batch_size
+            400
+        """
+        if self.batch_mode != "truncate_episodes" or self.count_steps_by != "env_steps":
+            return None
+        item = self.sample_item_size
+        return -(-self.train_batch_size // item) * item
+
+    def train_batch_size_warning(self) -> str | None:
+        """One line saying that the train batches will not hold ``train_batch_size`` steps and what to change, or
+        ``None`` when they will (:class:`~flowrl.trainer.Trainer` logs it when it builds the plan).
+
+        Examples:
+            >>> print(TrainerConfig(num_workers=0, num_envs_per_worker=20, train_batch_size=512)
+            ...       .train_batch_size_warning())  # doctest: +NORMALIZE_WHITESPACE
+            train_batch_size=512 cannot be met: each train batch will hold 4000 steps, whole samples of
+            rollout_fragment_length x num_envs_per_worker x max(num_workers, 1) = 200 x 20 x 1 = 4000 steps each;
+            set train_batch_size=4000, or change those fields so that one sample divides 512
+        """
+        actual = self.actual_train_batch_size
+        if actual is None or actual == self.train_batch_size:
+            return None
+        item = self.sample_item_size
+        if item == self.sample_size * max(self.num_workers, 1):
+            product = (f"rollout_fragment_length x num_envs_per_worker x max(num_workers, 1) = "
+                       f"{self.rollout_fragment_length} x {self.num_envs_per_worker} x {max(self.num_workers, 1)}")
+        else:
+            product = (f"rollout_fragment_length x num_envs_per_worker = {self.rollout_fragment_length} x "
+                       f"{self.num_envs_per_worker}")
+        return (f"train_batch_size={self.train_batch_size} cannot be met: each train batch will hold {actual} steps, "
+                f"whole samples of {product} = {item} steps each; set train_batch_size={actual}, or change those "
+                f"fields so that one sample divides {self.train_batch_size}")
+
+    @property
     def use_simple_optimizer(self) -> bool:
         """Whether plans train with ``TrainOneStep`` (True) or ``MultiGPUTrainOneStep`` (False)."""
         if self.simple_optimizer is None:

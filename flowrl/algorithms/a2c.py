@@ -106,6 +106,27 @@ class A2CConfig(ActorCriticConfig):
                                  f"{self.simple_optimizer}); set microbatch_size=None or simple_optimizer=True")
 
     @property
+    def actual_train_batch_size(self) -> int | None:
+        """As :class:`~flowrl.config.TrainerConfig`'s; with microbatches, :attr:`microbatches_per_step` microbatches
+        of ``microbatch_size`` steps, each rounded up to whole samples."""
+        if self.microbatch_size is None or self.batch_mode != "truncate_episodes" \
+                or self.count_steps_by != "env_steps":
+            return super().actual_train_batch_size
+        item = self.sample_item_size
+        return self.microbatches_per_step * -(-self.microbatch_size // item) * item
+
+    def train_batch_size_warning(self) -> str | None:
+        """As :class:`~flowrl.config.TrainerConfig`'s; with microbatches, about ``microbatch_size``."""
+        actual = self.actual_train_batch_size
+        if self.microbatch_size is None or actual is None or actual == self.train_batch_size:
+            return super().train_batch_size_warning()
+        item, k = self.sample_item_size, self.microbatches_per_step
+        return (f"microbatch_size={self.microbatch_size} cannot be met: each microbatch will hold "
+                f"{actual // k} steps (whole samples of {item} steps), so each update averages {k} of them, {actual} "
+                f"steps instead of train_batch_size={self.train_batch_size}; make microbatch_size a multiple of "
+                f"{item} that divides train_batch_size")
+
+    @property
     def microbatches_per_step(self) -> int:
         """k = ceil(train_batch_size / microbatch_size): microbatch gradients averaged per update (1 without)."""
         return 1 if self.microbatch_size is None else math.ceil(self.train_batch_size / self.microbatch_size)

@@ -47,6 +47,11 @@ class A3CConfig(ActorCriticConfig):
     rollout_fragment_length: int = 10
     min_iter_time_s: float = 5
 
+    @property
+    def actual_train_batch_size(self) -> int | None:
+        """``None``: each gradient is one worker's fragment (``sample_size`` steps); ``train_batch_size`` is unused."""
+        return None
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_workers < 1:

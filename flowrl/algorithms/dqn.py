@@ -169,6 +169,11 @@ class DQNConfig(TrainerConfig):
         native_ratio = self.train_batch_size / steps_per_store_item
         return [1.0, self.training_intensity / native_ratio]
 
+    @property
+    def actual_train_batch_size(self) -> int | None:
+        """``train_batch_size``: ``Replay`` draws exactly that many rows, whatever the fragments."""
+        return self.train_batch_size
+
     def epsilon_at(self, timestep: int) -> float:
         """The exploration epsilon after ``timestep`` sampled steps: linear from initial to final, then final."""
         if timestep >= self.epsilon_timesteps:

@@ -160,6 +160,12 @@ class IMPALAConfig(TrainerConfig):
                           f"{self.num_multi_gpu_tower_stacks} batches", stacklevel=3)
 
     @property
+    def sample_item_size(self) -> int:
+        """One worker's ``sample_size``: fragments arrive one by one (``ParallelRollouts(async)``), so a train batch
+        is ``ceil(train_batch_size / sample_size)`` of them (replayed fragments are the same size)."""
+        return self.sample_size
+
+    @property
     def effective_minibatch_buffer_size(self) -> int:
         """The learner's buffer: ``minibatch_buffer_size``, at most the tower stacks with the multi-GPU learner."""
         if self.use_simple_optimizer:
