@@ -505,8 +505,10 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
              *([f"seed={seed}"] if seed is not None else [])]
     config, checkpoint = _config_and_checkpoint(algorithm, items, resume)
     run_dir = _run_dir(log_dir, checkpoint, algorithm, config)
+    workers_chosen = any(item.partition("=")[0].strip() == "num_workers" for item in items)
     _train(algorithm, config, stop, run_dir=run_dir, checkpoint=checkpoint, address=address,
-           checkpoint_dir=checkpoint_dir or run_dir / "checkpoints", checkpoint_freq=checkpoint_freq)
+           checkpoint_dir=checkpoint_dir or run_dir / "checkpoints", checkpoint_freq=checkpoint_freq,
+           workers_chosen=workers_chosen)
 
 
 def _config_and_checkpoint(algorithm: Algorithm, items: Sequence[str],
@@ -552,11 +554,21 @@ def _run_dir(log_dir: Path | None, checkpoint: Path | None, algorithm: Algorithm
 
 
 def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Path | None = None,
-                  address: str | None = None) -> Trainer:
-    """Ray started (or joined) as the options say, then the trainer; its construction errors are usage errors."""
+                  address: str | None = None, workers_chosen: bool = True) -> Trainer:
+    """Ray started (or joined) as the options say, then the trainer; its construction errors are usage errors.
+
+    A default ``num_workers`` (``workers_chosen=False``) was fitted to this machine's CPUs when the config was
+    built; joining a cluster fits it again to the cluster's. A chosen one is kept, with one line when it asks
+    for more CPUs than this machine has (the local Ray instance is then given enough logical CPUs to hold it).
+    """
     from flowrl import runtime
+    from flowrl.config import available_cpus
     from flowrl.trainer import Trainer
 
+    if address is None and config.num_workers * config.num_cpus_per_worker > (os.cpu_count() or 1):
+        click.echo(f"num_workers={config.num_workers} (x {config.num_cpus_per_worker:g} CPU each) is more than this "
+                   f"machine's {os.cpu_count() or 1} CPUs: kept as set, the workers share the cores; lower "
+                   f"num_workers for less contention", err=True)
     if address is not None or config.num_workers:
         try:
             runtime.init(address, num_cpus=None if address is not None else _local_cpus(config))
@@ -564,6 +576,12 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
             raise click.ClickException(f"could not join the Ray cluster at --address {address} ({e}); start it "
                                        f"with `ray start --head` (and `ray start --address=HEAD:6379` on the "
                                        f"other nodes), or drop --address for a local instance") from None
+        if address is not None and not workers_chosen and checkpoint is None:
+            fitted = _field_default(type(config), "num_workers")  # the default, fitted to the cluster's CPUs now
+            if fitted != config.num_workers:
+                click.echo(f"num_workers={fitted}: the default fitted to the {available_cpus()} CPUs of the "
+                           f"cluster; set --config num_workers=N to choose", err=True)
+                config = dataclasses.replace(config, num_workers=fitted)
     try:
         return Trainer.from_checkpoint(checkpoint) if checkpoint is not None else Trainer(algorithm, config)
     except ValueError as e:  # an unknown env id, GPUs or workers the machine cannot hold
@@ -571,8 +589,9 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
 
 
 def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
-           checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int) -> None:
-    trainer = _make_trainer(algorithm, config, checkpoint=checkpoint, address=address)
+           checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int,
+           workers_chosen: bool = True) -> None:
+    trainer = _make_trainer(algorithm, config, checkpoint=checkpoint, address=address, workers_chosen=workers_chosen)
     if stop.iters is not None and trainer.training_iteration >= stop.iters:
         trainer.stop()
         raise click.BadParameter(f"{checkpoint} is at iteration {trainer.training_iteration}, which already meets "

@@ -18,6 +18,8 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -31,9 +33,44 @@ if TYPE_CHECKING:
     from flowrl.policy import Policy
 
 __all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "TrainerConfig", "ACTIVATIONS",
-           "config_field_types", "config_to_data", "config_from_data"]
+           "available_cpus", "num_workers_that_fit", "config_field_types", "config_to_data", "config_from_data"]
 
 ACTIVATIONS = ("tanh", "relu", "elu")
+
+logger = logging.getLogger(__name__)
+
+
+def available_cpus() -> int:
+    """The CPUs rollout workers can use: the running Ray instance's (a joined cluster's total), or this
+    machine's logical CPUs when Ray has not started."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return max(int(ray.cluster_resources().get("CPU", 0)), 1)
+    return os.cpu_count() or 1
+
+
+def num_workers_that_fit(preferred: int, owner: str) -> Callable[[], int]:
+    """A ``default_factory`` for ``num_workers``: ``preferred`` workers, capped at :func:`available_cpus` when
+    the config is built, and saying so in one warning line when it caps. A ``num_workers`` the user sets is
+    never changed.
+
+    Examples:
+        >>> num_workers_that_fit(1, "PPOConfig")()
+        1
+        >>> num_workers_that_fit(10_000, "ApexConfig")() == available_cpus()
+        True
+    """
+    def default() -> int:
+        cpus = available_cpus()
+        if preferred <= cpus:
+            return preferred
+        logger.warning("%s.num_workers defaults to %d here: its %d workers capped to the %d CPUs available; set "
+                       "num_workers yourself (--config num_workers=N) to choose another count", owner, cpus,
+                       preferred, cpus)
+        return cpus
+
+    default.__qualname__ = f"num_workers_that_fit({preferred})"
+    return default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,6 +230,8 @@ class TrainerConfig(RolloutConfig):
     failure handling (SEMANTICS.md §4, common defaults; §5). Algorithm configs extend it.
 
     Attributes:
+        num_workers: remote rollout workers: 2 by default, capped at the CPUs available
+            (:func:`num_workers_that_fit`); a value you set is kept.
         train_batch_size: steps per train batch (``ConcatBatches``' target).
         count_steps_by: ``"env_steps"`` or ``"agent_steps"`` (multi-agent batch sizing).
         num_gpus: the learner's CUDA devices (checked against what torch sees when the trainer starts).
@@ -209,7 +248,7 @@ class TrainerConfig(RolloutConfig):
         store_buffer_in_checkpoints: checkpoints include trainer-owned replay data.
     """
 
-    num_workers: int = 2
+    num_workers: int = field(default_factory=num_workers_that_fit(2, "TrainerConfig"))
     train_batch_size: int = 200
     count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps"
     num_gpus: float = 0
