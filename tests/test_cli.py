@@ -223,8 +223,12 @@ def test_callables_that_the_defaults_rebuild_round_trip_others_are_refused() -> 
 
 def test_the_main_job_is_flowrl_train_with_the_tuned_ppo_settings(monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    items = [MAIN_JOB[i + 1] for i, arg in enumerate(MAIN_JOB) if arg == "--config"]
-    config = build_config(PPOConfig, items)
+    from flowrl.presets import find_preset
+
+    assert "--tuned" in MAIN_JOB and "--config" not in MAIN_JOB  # the main job is PPO's CartPole preset
+    preset = find_preset("ppo", "CartPole-v1")
+    assert preset is not None
+    config = build_config(PPOConfig, preset.settings)
     assert (config.num_workers, config.num_envs_per_worker, config.rollout_fragment_length, config.train_batch_size,
             config.sgd_minibatch_size, config.num_sgd_iter, config.lr) == (2, 4, 500, 4000, 128, 6, 3e-4)
     assert MAIN_JOB[:4] == ("train", "ppo", "--env", "CartPole-v1")
