@@ -229,6 +229,14 @@ class TrainerConfig(RolloutConfig):
     """What every algorithm's config has beyond rollouts: batch size, learner devices, reporting and
     failure handling (SEMANTICS.md §4, common defaults; §5). Algorithm configs extend it.
 
+    Reporting cadence: one ``Trainer.train()`` (one report, one ``training_iteration``) ends at the first train
+    step (or, for IMPALA, APPO and Ape-X, learner output) at which at least ``timesteps_per_iteration`` env
+    steps have been sampled since the last report, and ``min_iter_time_s`` seconds have passed. Every
+    algorithm's default gates on env steps only, so that reports, and step budgets such as ``--stop-timesteps``,
+    do not depend on the machine's speed: 1000 env steps (PG, A2C, A3C, DQN, Ape-X, IMPALA, APPO), or one train
+    batch where that is larger (PPO: 4000). A plan emits no report before its learner has trained once (Ape-X
+    and DQN: not before ``learning_starts``).
+
     Attributes:
         num_workers: remote rollout workers: 2 by default, capped at the CPUs available
             (:func:`num_workers_that_fit`); a value you set is kept.
@@ -238,8 +246,9 @@ class TrainerConfig(RolloutConfig):
         _fake_gpus: run the multi-device learner on ``num_gpus`` CPU "devices" (tests, laptops).
         simple_optimizer: ``None`` resolves to ``True`` when ``num_gpus <= 1``; ``False`` selects
             ``MultiGPUTrainOneStep``. See :attr:`use_simple_optimizer`.
-        timesteps_per_iteration: a report waits for at least this many new steps.
-        min_iter_time_s: a report waits for at least this many seconds (0: no time gate).
+        timesteps_per_iteration: a report waits for at least this many new env steps (0 here: every train step
+            reports; algorithms set their own, see "Reporting cadence" above).
+        min_iter_time_s: a report waits for at least this many seconds (0: no time gate, every default).
         metrics_smoothing_episodes: episode statistics are smoothed over this many episodes.
         collect_metrics_timeout: seconds to wait for workers' episode statistics.
         keep_per_episode_custom_metrics: keep raw per-episode custom metrics in results.

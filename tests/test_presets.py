@@ -73,3 +73,13 @@ def test_tuned_without_a_preset_says_so_and_keeps_the_defaults(captured: dict[st
 def test_tuned_is_refused_on_resume(tmp_path: Path, captured: dict[str, Any]) -> None:
     result = _train("ppo", "--tuned", "--resume", str(tmp_path))
     assert result.exit_code == 2 and "a resumed run keeps its saved config; drop --tuned" in result.stderr
+
+
+def test_the_readme_table_lists_every_preset_setting() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Tuned settings and defaults"):]
+    section = section[:section.index("\n## ", 1)]
+    for preset in PRESETS:
+        row = section[section.index(f"{preset.algorithm:<11}{preset.env}"):]
+        row = row[:row.index("\n", row.index(preset.settings[-1]))]  # the preset's rows end with its last setting
+        assert all(item in row for item in preset.settings), preset

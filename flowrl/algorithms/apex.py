@@ -78,7 +78,8 @@ class ApexConfig(DQNConfig):
         n_step (3), buffer_size (2,000,000), learning_starts (50000), train_batch_size (512),
             rollout_fragment_length (50): as in DQN, with Ape-X's values.
         target_network_update_freq: **trained** steps between target-network copies (500000).
-        timesteps_per_iteration / min_iter_time_s: a report waits for 25000 new steps and 30 s.
+        timesteps_per_iteration: a report waits for 1000 new env steps, as DQN's (RLlib's cluster-sized 25000
+            steps and 30 s made one report span ~60k steps on a laptop); no wall-time gate.
         worker_side_prioritization: workers compute each row's initial priority ``|td_error|`` with their
             own network (True), instead of the shard's max priority.
         training_intensity: ``None``: the three sub-flows run asynchronously; otherwise trained steps per sampled
@@ -96,8 +97,7 @@ class ApexConfig(DQNConfig):
     train_batch_size: int = 512
     rollout_fragment_length: int = 50
     target_network_update_freq: int = 500000
-    timesteps_per_iteration: int = 25000
-    min_iter_time_s: float = 30
+    timesteps_per_iteration: int = 1000
     worker_side_prioritization: bool = True
     replay_buffer_shards_colocated_with_driver: bool = True
     learner_queue_size: int = 16

@@ -68,7 +68,7 @@ def test_config_has_apex_defaults() -> None:
             c.learning_starts, c.train_batch_size, c.rollout_fragment_length, c.target_network_update_freq,
             c.timesteps_per_iteration, c.min_iter_time_s, c.worker_side_prioritization, c.training_intensity,
             c.replay_buffer_shards_colocated_with_driver) == \
-        (min(32, available_cpus()), 0, 4, 400, 3, 2_000_000, 50000, 512, 50, 500000, 25000, 30, True, None, True)
+        (min(32, available_cpus()), 0, 4, 400, 3, 2_000_000, 50000, 512, 50, 500000, 1000, 0, True, None, True)
     assert c.prioritized_replay and c.double_q and c.dueling  # DQN's, inherited
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.num_workers = 1  # type: ignore[misc]  # the point of the test
