@@ -126,7 +126,7 @@ def measure_dummy(args: argparse.Namespace, repeats: int, seconds: float) -> dic
 
 
 def measure_a2c(args: argparse.Namespace, repeats: int, iters: int) -> tuple[dict[str, Any], str]:
-    config = A2CConfig(env="CartPole-v1", seed=0, num_workers=2, min_iter_time_s=0)
+    config = A2CConfig(env="CartPole-v1", seed=0, num_workers=2, timesteps_per_iteration=0)
     trainers = {"off": Trainer("a2c", config), "on": Trainer("a2c", dataclasses.replace(config, profile=True))}
     try:
         for trainer in trainers.values():

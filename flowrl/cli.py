@@ -70,13 +70,11 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "MAIN_JOB", "StopCriteria", "build_config", "parse_overrides"]
 
-#: ``python -m flowrl`` with no arguments: PPO on CartPole-v1 with two rollout workers and RLlib's tuned
-#: settings (train batch 4000, minibatch 128, 6 epochs, lr 3e-4), until the smoothed return reaches 450
-#: or 300k env steps have been sampled.
-MAIN_JOB = ("train", "ppo", "--env", "CartPole-v1",
-            "--config", "num_workers=2", "--config", "num_envs_per_worker=4", "--config", "rollout_fragment_length=500",
-            "--config", "train_batch_size=4000", "--config", "sgd_minibatch_size=128", "--config", "num_sgd_iter=6",
-            "--config", "lr=3e-4", "--seed", "0", "--stop-reward", "450", "--stop-timesteps", "300000")
+#: ``python -m flowrl`` with no arguments: PPO on CartPole-v1 with its tuned preset (:mod:`flowrl.presets`: two
+#: rollout workers and RLlib's tuned settings, train batch 4000, minibatch 128, 6 epochs, lr 3e-4), until the
+#: smoothed return reaches 450 or 300k env steps have been sampled.
+MAIN_JOB = ("train", "ppo", "--env", "CartPole-v1", "--tuned", "--seed", "0", "--stop-reward", "450",
+            "--stop-timesteps", "300000")
 
 _NONE_WORDS = frozenset({"none", "null"})
 _TRUE_WORDS, _FALSE_WORDS = frozenset({"true", "yes", "on", "1"}), frozenset({"false", "no", "off", "0"})
@@ -498,10 +496,13 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
               help="The run directory (default: runs/<algo>_<env>_<time>; on resume, the resumed run's).")
 @click.option("--seed", type=click.IntRange(min=0), help="The config's seed (same as --config seed=S).")
 @click.option("--address", help="Join a Ray cluster ('auto' or 'host:port') instead of starting a local instance.")
+@click.option("--tuned/--no-tuned", default=False, show_default=True,
+              help="Apply the tuned preset for ALGO on the env, where one exists (see flowrl/presets.py and the "
+                   "README's table); --config values win over it.")
 def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward: float | None,
           stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
           checkpoint_freq: int, resume: Path | None, log_dir: Path | None, seed: int | None,
-          address: str | None) -> None:
+          address: str | None, tuned: bool) -> None:
     """Train ALGO (a registered algorithm, see `flowrl algorithms`) until a stop criterion is met.
 
     Logs go to the run directory (progress.csv, result.json, tb/), checkpoints to RUN_DIR/checkpoints,
@@ -515,10 +516,40 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
     algorithm = get_algorithm(algo)
     items = [*config_items, *([f"env={env}"] if env is not None else []),
              *([f"seed={seed}"] if seed is not None else [])]
+    note = None
+    if resume is None:
+        items, note = _with_preset(algorithm, env, items, tuned=tuned)
+    elif tuned:
+        raise click.BadParameter("a resumed run keeps its saved config; drop --tuned", param_hint="'--tuned'")
     config, checkpoint = _config_and_checkpoint(algorithm, items, resume)
+    if note is not None:
+        click.echo(note, err=True)
     run_dir = _run_dir(log_dir, checkpoint, algorithm, config)
+    workers_chosen = any(item.partition("=")[0].strip() == "num_workers" for item in items)
     _train(algorithm, config, stop, run_dir=run_dir, checkpoint=checkpoint, address=address,
-           checkpoint_dir=checkpoint_dir or run_dir / "checkpoints", checkpoint_freq=checkpoint_freq)
+           checkpoint_dir=checkpoint_dir or run_dir / "checkpoints", checkpoint_freq=checkpoint_freq,
+           workers_chosen=workers_chosen)
+
+
+def _with_preset(algorithm: Algorithm, env: str | None, items: Sequence[str], *,
+                 tuned: bool) -> tuple[list[str], str | None]:
+    """``items`` under the tuned preset for the algorithm and env (``--tuned``) and the line that says so; without
+    ``--tuned``, ``items`` unchanged and, where a preset exists, a line saying how to use it."""
+    from flowrl.presets import PRESETS, find_preset
+
+    env_id = env if env is not None else _field_default(algorithm.config_class, "env")
+    preset = find_preset(algorithm.name, env_id) if isinstance(env_id, str) else None
+    if preset is None:
+        known = ", ".join(f"{p.algorithm} on {p.env}" for p in PRESETS)
+        return list(items), (f"no tuned preset for {algorithm.name} on {env_id} (presets: {known}); training with "
+                             f"the defaults" if tuned else None)
+    if not tuned:
+        return list(items), (f"a tuned preset exists for {algorithm.name} on {preset.env}: add --tuned to use it "
+                             f"({' '.join(preset.settings)})")
+    given = set(preset.keys()) & {item.partition("=")[0].strip() for item in items}
+    kept = " ".join(item for item in preset.settings if item.partition("=")[0].strip() not in given)
+    return list(preset.items(items)), (f"tuned preset for {algorithm.name} on {preset.env}: {kept}"
+                                       + (f" (your --config {', '.join(sorted(given))} kept)" if given else ""))
 
 
 def _config_and_checkpoint(algorithm: Algorithm, items: Sequence[str],
@@ -564,11 +595,21 @@ def _run_dir(log_dir: Path | None, checkpoint: Path | None, algorithm: Algorithm
 
 
 def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Path | None = None,
-                  address: str | None = None) -> Trainer:
-    """Ray started (or joined) as the options say, then the trainer; its construction errors are usage errors."""
+                  address: str | None = None, workers_chosen: bool = True) -> Trainer:
+    """Ray started (or joined) as the options say, then the trainer; its construction errors are usage errors.
+
+    A default ``num_workers`` (``workers_chosen=False``) was fitted to this machine's CPUs when the config was
+    built; joining a cluster fits it again to the cluster's. A chosen one is kept, with one line when it asks
+    for more CPUs than this machine has (the local Ray instance is then given enough logical CPUs to hold it).
+    """
     from flowrl import runtime
+    from flowrl.config import available_cpus
     from flowrl.trainer import Trainer
 
+    if address is None and config.num_workers * config.num_cpus_per_worker > (os.cpu_count() or 1):
+        click.echo(f"num_workers={config.num_workers} (x {config.num_cpus_per_worker:g} CPU each) is more than this "
+                   f"machine's {os.cpu_count() or 1} CPUs: kept as set, the workers share the cores; lower "
+                   f"num_workers for less contention", err=True)
     if address is not None or config.num_workers:
         try:
             runtime.init(address, num_cpus=None if address is not None else _local_cpus(config))
@@ -576,6 +617,12 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
             raise click.ClickException(f"could not join the Ray cluster at --address {address} ({e}); start it "
                                        f"with `ray start --head` (and `ray start --address=HEAD:6379` on the "
                                        f"other nodes), or drop --address for a local instance") from None
+        if address is not None and not workers_chosen and checkpoint is None:
+            fitted = _field_default(type(config), "num_workers")  # the default, fitted to the cluster's CPUs now
+            if fitted != config.num_workers:
+                click.echo(f"num_workers={fitted}: the default fitted to the {available_cpus()} CPUs of the "
+                           f"cluster; set --config num_workers=N to choose", err=True)
+                config = dataclasses.replace(config, num_workers=fitted)
     try:
         return Trainer.from_checkpoint(checkpoint) if checkpoint is not None else Trainer(algorithm, config)
     except ValueError as e:  # an unknown env id, GPUs or workers the machine cannot hold
@@ -640,10 +687,11 @@ class _StopSignals:
 
 
 def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
-           checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int) -> None:
+           checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int,
+           workers_chosen: bool = True) -> None:
     """Trains until ``stop``; on SIGINT (Ctrl-C) or SIGTERM it abandons the report in progress, writes a final
     checkpoint of the last completed report (the state the logs end with), and exits with 128 + the signal."""
-    trainer = _make_trainer(algorithm, config, checkpoint=checkpoint, address=address)
+    trainer = _make_trainer(algorithm, config, checkpoint=checkpoint, address=address, workers_chosen=workers_chosen)
     if stop.iters is not None and trainer.training_iteration >= stop.iters:
         trainer.stop()
         raise click.BadParameter(f"{checkpoint} is at iteration {trainer.training_iteration}, which already meets "

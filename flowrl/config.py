@@ -18,6 +18,8 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import sys
 import types
 from dataclasses import dataclass, field
@@ -31,9 +33,44 @@ if TYPE_CHECKING:
     from flowrl.policy import Policy
 
 __all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "TrainerConfig", "ACTIVATIONS",
-           "config_field_types", "config_to_data", "config_from_data"]
+           "available_cpus", "num_workers_that_fit", "config_field_types", "config_to_data", "config_from_data"]
 
 ACTIVATIONS = ("tanh", "relu", "elu")
+
+logger = logging.getLogger(__name__)
+
+
+def available_cpus() -> int:
+    """The CPUs rollout workers can use: the running Ray instance's (a joined cluster's total), or this
+    machine's logical CPUs when Ray has not started."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return max(int(ray.cluster_resources().get("CPU", 0)), 1)
+    return os.cpu_count() or 1
+
+
+def num_workers_that_fit(preferred: int, owner: str) -> Callable[[], int]:
+    """A ``default_factory`` for ``num_workers``: ``preferred`` workers, capped at :func:`available_cpus` when
+    the config is built, and saying so in one warning line when it caps. A ``num_workers`` the user sets is
+    never changed.
+
+    Examples:
+        >>> num_workers_that_fit(1, "PPOConfig")()
+        1
+        >>> num_workers_that_fit(10_000, "ApexConfig")() == available_cpus()
+        True
+    """
+    def default() -> int:
+        cpus = available_cpus()
+        if preferred <= cpus:
+            return preferred
+        logger.warning("%s.num_workers defaults to %d here: its %d workers capped to the %d CPUs available; set "
+                       "num_workers yourself (--config num_workers=N) to choose another count", owner, cpus,
+                       preferred, cpus)
+        return cpus
+
+    default.__qualname__ = f"num_workers_that_fit({preferred})"
+    return default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,15 +229,26 @@ class TrainerConfig(RolloutConfig):
     """What every algorithm's config has beyond rollouts: batch size, learner devices, reporting and
     failure handling. Algorithm configs extend it.
 
+    Reporting cadence: one ``Trainer.train()`` (one report, one ``training_iteration``) ends at the first train
+    step (or, for IMPALA, APPO and Ape-X, learner output) at which at least ``timesteps_per_iteration`` env
+    steps have been sampled since the last report, and ``min_iter_time_s`` seconds have passed. Every
+    algorithm's default gates on env steps only, so that reports, and step budgets such as ``--stop-timesteps``,
+    do not depend on the machine's speed: 1000 env steps (PG, A2C, A3C, DQN, Ape-X, IMPALA, APPO), or one train
+    batch where that is larger (PPO: 4000). A plan emits no report before its learner has trained once (Ape-X
+    and DQN: not before ``learning_starts``).
+
     Attributes:
+        num_workers: remote rollout workers: 2 by default, capped at the CPUs available
+            (:func:`num_workers_that_fit`); a value you set is kept.
         train_batch_size: steps per train batch (``ConcatBatches``' target).
         count_steps_by: ``"env_steps"`` or ``"agent_steps"`` (multi-agent batch sizing).
         num_gpus: the learner's CUDA devices (checked against what torch sees when the trainer starts).
         _fake_gpus: run the multi-device learner on ``num_gpus`` CPU "devices" (tests, laptops).
         simple_optimizer: ``None`` resolves to ``True`` when ``num_gpus <= 1``; ``False`` selects
             ``MultiGPUTrainOneStep``. See :attr:`use_simple_optimizer`.
-        timesteps_per_iteration: a report waits for at least this many new steps.
-        min_iter_time_s: a report waits for at least this many seconds (0: no time gate).
+        timesteps_per_iteration: a report waits for at least this many new env steps (0 here: every train step
+            reports; algorithms set their own, see "Reporting cadence" above).
+        min_iter_time_s: a report waits for at least this many seconds (0: no time gate, every default).
         metrics_smoothing_episodes: the episode statistics of a result (``episode_reward_mean``/``min``/``max``,
             ``episode_len_mean``, ``policy_reward_*``) are over the last this many finished episodes, across
             reports (a moving window, kept in checkpoints); 0: over each report's episodes only.
@@ -211,7 +259,7 @@ class TrainerConfig(RolloutConfig):
         store_buffer_in_checkpoints: checkpoints include trainer-owned replay data.
     """
 
-    num_workers: int = 2
+    num_workers: int = field(default_factory=num_workers_that_fit(2, "TrainerConfig"))
     train_batch_size: int = 200
     count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps"
     num_gpus: float = 0
@@ -242,6 +290,59 @@ class TrainerConfig(RolloutConfig):
         for name in ("min_iter_time_s", "collect_metrics_timeout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0 seconds")
+
+    @property
+    def sample_item_size(self) -> int:
+        """Steps in one item that the plan concatenates into train batches: ``ParallelRollouts(bulk_sync)`` yields
+        one fragment from every remote worker at once, ``sample_size x max(num_workers, 1)`` steps. Async plans
+        (IMPALA, APPO) override it with one worker's ``sample_size``."""
+        return self.sample_size * max(self.num_workers, 1)
+
+    @property
+    def actual_train_batch_size(self) -> int | None:
+        """The steps each train batch really holds, or ``None`` where no fixed size follows from the settings.
+
+        ``ConcatBatches`` concatenates whole items of :attr:`sample_item_size` steps until it holds at least
+        ``train_batch_size``, so a batch holds ``ceil(train_batch_size / item) x item`` steps: more than asked
+        whenever the item does not divide ``train_batch_size``. ``None`` with ``batch_mode="complete_episodes"``
+        or ``count_steps_by="agent_steps"`` (items vary in size). Replay-based configs (DQN, Ape-X) sample
+        exactly ``train_batch_size`` rows; A3C's gradients are one fragment each (``None``: the field is unused).
+
+        Examples:
+            >>> TrainerConfig(num_workers=0, num_envs_per_worker=20, train_batch_size=512).actual_train_batch_size
+            4000
+            >>> TrainerConfig(num_workers=2, rollout_fragment_length=100, train_batch_size=400).actual_train_batch_size
+            400
+        """
+        if self.batch_mode != "truncate_episodes" or self.count_steps_by != "env_steps":
+            return None
+        item = self.sample_item_size
+        return -(-self.train_batch_size // item) * item
+
+    def train_batch_size_warning(self) -> str | None:
+        """One line saying that the train batches will not hold ``train_batch_size`` steps and what to change, or
+        ``None`` when they will (:class:`~flowrl.trainer.Trainer` logs it when it builds the plan).
+
+        Examples:
+            >>> print(TrainerConfig(num_workers=0, num_envs_per_worker=20, train_batch_size=512)
+            ...       .train_batch_size_warning())  # doctest: +NORMALIZE_WHITESPACE
+            train_batch_size=512 cannot be met: each train batch will hold 4000 steps, whole samples of
+            rollout_fragment_length x num_envs_per_worker x max(num_workers, 1) = 200 x 20 x 1 = 4000 steps each;
+            set train_batch_size=4000, or change those fields so that one sample divides 512
+        """
+        actual = self.actual_train_batch_size
+        if actual is None or actual == self.train_batch_size:
+            return None
+        item = self.sample_item_size
+        if item == self.sample_size * max(self.num_workers, 1):
+            product = (f"rollout_fragment_length x num_envs_per_worker x max(num_workers, 1) = "
+                       f"{self.rollout_fragment_length} x {self.num_envs_per_worker} x {max(self.num_workers, 1)}")
+        else:
+            product = (f"rollout_fragment_length x num_envs_per_worker = {self.rollout_fragment_length} x "
+                       f"{self.num_envs_per_worker}")
+        return (f"train_batch_size={self.train_batch_size} cannot be met: each train batch will hold {actual} steps, "
+                f"whole samples of {product} = {item} steps each; set train_batch_size={actual}, or change those "
+                f"fields so that one sample divides {self.train_batch_size}")
 
     @property
     def use_simple_optimizer(self) -> bool:

@@ -107,6 +107,9 @@ class Trainer:
                             f"the config with {wanted}(...)")
         self.config = config
         self._check_learner_devices()
+        batch_warning = config.train_batch_size_warning()
+        if batch_warning is not None:
+            logger.warning("%s", batch_warning)
         if config.num_workers:
             runtime.ensure_initialized()
         self.workers = WorkerSet(policy_class=self.algorithm.policy_class, config=config)

@@ -188,8 +188,11 @@ def test_minimal_ppo_gae_equals_flowrl_postprocessing_of_episode_pieces() -> Non
 
 def test_minimal_ppo_hyperparameters_are_flowrl_main_jobs() -> None:
     from flowrl.cli import MAIN_JOB
+    from flowrl.presets import find_preset
 
-    overrides = dict(arg.split("=") for arg in MAIN_JOB if "=" in arg)
+    preset = find_preset(MAIN_JOB[1], MAIN_JOB[3])
+    assert "--tuned" in MAIN_JOB and preset is not None
+    overrides = dict(item.split("=") for item in preset.settings)
     config = PPOConfig()
     assert minimal_ppo.NUM_ENVS == int(overrides["num_workers"]) * int(overrides["num_envs_per_worker"])
     assert minimal_ppo.NUM_ENVS * minimal_ppo.STEPS_PER_ENV == int(overrides["train_batch_size"])

@@ -66,10 +66,10 @@ def tb_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 @pytest.fixture(scope="module")
 def pg_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Two iterations of PG on CartPole (200-step batches, in the driver) through the CLI."""
+    """Two iterations of PG on CartPole (200-step batches, one per report, in the driver) through the CLI."""
     run_dir = tmp_path_factory.mktemp("cli") / "pg_run"
-    result = invoke("train", "pg", "--env", "CartPole-v1", "--config", "train_batch_size=200", "--seed", 0,
-                    "--stop-iters", 2, "--log-dir", run_dir)
+    result = invoke("train", "pg", "--env", "CartPole-v1", "--config", "train_batch_size=200", "--config",
+                    "timesteps_per_iteration=0", "--seed", 0, "--stop-iters", 2, "--log-dir", run_dir)
     assert result.exit_code == 0, result.output
     return run_dir, result.output
 
@@ -180,7 +180,8 @@ def test_checkpoints_without_a_config_or_with_a_callable_field_are_refused_clear
                                                                                  tmp_path: Path) -> None:
     saved = pg_run[0] / "checkpoints" / "checkpoint_000002"
     tree = read_checkpoint(saved, algorithm="pg")
-    assert config_from_data(PGConfig, tree["config"]) == PGConfig(train_batch_size=200, seed=0)
+    assert config_from_data(PGConfig, tree["config"]) == PGConfig(train_batch_size=200, timesteps_per_iteration=0,
+                                                                  seed=0)
     del tree["config"]  # as written before checkpoints held their config
     old = write_checkpoint(tmp_path / "old", "checkpoint_000002", tree, algorithm="pg")
     for args in (("evaluate", old), ("train", "pg", "--resume", old, "--stop-iters", 5)):
@@ -223,8 +224,12 @@ def test_callables_that_the_defaults_rebuild_round_trip_others_are_refused() -> 
 
 def test_the_main_job_is_flowrl_train_with_the_tuned_ppo_settings(monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    items = [MAIN_JOB[i + 1] for i, arg in enumerate(MAIN_JOB) if arg == "--config"]
-    config = build_config(PPOConfig, items)
+    from flowrl.presets import find_preset
+
+    assert "--tuned" in MAIN_JOB and "--config" not in MAIN_JOB  # the main job is PPO's CartPole preset
+    preset = find_preset("ppo", "CartPole-v1")
+    assert preset is not None
+    config = build_config(PPOConfig, preset.settings)
     assert (config.num_workers, config.num_envs_per_worker, config.rollout_fragment_length, config.train_batch_size,
             config.sgd_minibatch_size, config.num_sgd_iter, config.lr) == (2, 4, 500, 4000, 128, 6, 3e-4)
     assert MAIN_JOB[:4] == ("train", "ppo", "--env", "CartPole-v1")

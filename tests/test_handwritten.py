@@ -114,7 +114,7 @@ def test_a3c_answers_each_gradient_to_its_producer_alone_and_reports_like_the_pl
     """As the plan's test (tests/algorithms/test_a3c.py), on fake workers; then the plan on the same workers."""
     workers = make_fake_workers(2, rollout_fragment_length=10)
     try:
-        results = take(a3c.train(workers, A3CConfig(min_iter_time_s=0)), 12)  # no gate: a report per gradient
+        results = take(a3c.train(workers, A3CConfig(timesteps_per_iteration=0)), 12)  # no gate: a report per gradient
         assert (results[-1]["info"]["num_steps_trained"], results[-1]["info"]["num_steps_sampled"]) == (120, 120)
         assert len(workers.local_worker().applied_gradients) == 12
         records = ray.get([w.get_record.remote() for w in workers.remote_workers()])
@@ -124,7 +124,7 @@ def test_a3c_answers_each_gradient_to_its_producer_alone_and_reports_like_the_pl
         for record, answered in zip(records, answers):
             assert answered == sorted(answered)
             assert record["sample_calls"] - len(answered) in (0, 1)  # one request in flight per worker
-        plan_result = take(a3c_plan.plan(workers, A3CConfig(min_iter_time_s=0)), 1)[0]
+        plan_result = take(a3c_plan.plan(workers, A3CConfig(timesteps_per_iteration=0)), 1)[0]
     finally:
         workers.stop()
     for result in results:
@@ -133,7 +133,7 @@ def test_a3c_answers_each_gradient_to_its_producer_alone_and_reports_like_the_pl
 
 def test_a3c_needs_remote_workers() -> None:
     with pytest.raises(ValueError, match="A3C computes gradients on remote workers"):
-        next(a3c.train(make_fake_workers(0), A3CConfig(min_iter_time_s=0)))
+        next(a3c.train(make_fake_workers(0), A3CConfig(timesteps_per_iteration=0)))
 
 
 def test_a3c_trains_cartpole() -> None:

@@ -192,7 +192,8 @@ def build_apex(workers: WorkerSet, _: WorkerSet) -> LocalIterator[Any]:
 
 
 def build_impala(workers: WorkerSet, _: WorkerSet) -> LocalIterator[Any]:
-    return impala.plan(workers, impala.IMPALAConfig(train_batch_size=20, min_iter_time_s=0, learner_queue_size=2))
+    return impala.plan(workers, impala.IMPALAConfig(train_batch_size=20, timesteps_per_iteration=0,
+                                                    learner_queue_size=2))
 
 
 def build_two_policies(_: WorkerSet, workers: WorkerSet) -> LocalIterator[Any]:

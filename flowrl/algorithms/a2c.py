@@ -13,8 +13,8 @@ This module also holds the actor-critic policy that A2C and A3C share: GAE advan
 
 Examples:
     >>> config = A2CConfig(env="CartPole-v1", train_batch_size=40, microbatch_size=20)
-    >>> config.rollout_fragment_length, config.min_iter_time_s, config.microbatches_per_step
-    (20, 10, 2)
+    >>> config.rollout_fragment_length, config.timesteps_per_iteration, config.microbatches_per_step
+    (20, 1000, 2)
     >>> A2CConfig(entropy_coeff=-0.1)
     Traceback (most recent call last):
     ...
@@ -84,13 +84,14 @@ class A2CConfig(ActorCriticConfig):
 
     Attributes:
         rollout_fragment_length: 20 steps per env per sample.
-        min_iter_time_s: 10; a report waits at least this long (set 0 for step-exact, deterministic reports).
+        timesteps_per_iteration: 1000; a report comes at the first train step after that many new env steps
+            (no wall-time gate: ``min_iter_time_s`` is 0, as in :class:`~flowrl.config.TrainerConfig`).
         microbatch_size: ``None`` trains on whole batches; an int computes gradients on microbatches of
             that many steps and applies their mean once per :attr:`microbatches_per_step` microbatches.
     """
 
     rollout_fragment_length: int = 20
-    min_iter_time_s: float = 10
+    timesteps_per_iteration: int = 1000
     microbatch_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -104,6 +105,27 @@ class A2CConfig(ActorCriticConfig):
                 raise ValueError(f"microbatch_size={self.microbatch_size} computes gradients on the local worker and "
                                  f"cannot use the multi-GPU learner (num_gpus={self.num_gpus}, simple_optimizer="
                                  f"{self.simple_optimizer}); set microbatch_size=None or simple_optimizer=True")
+
+    @property
+    def actual_train_batch_size(self) -> int | None:
+        """As :class:`~flowrl.config.TrainerConfig`'s; with microbatches, :attr:`microbatches_per_step` microbatches
+        of ``microbatch_size`` steps, each rounded up to whole samples."""
+        if self.microbatch_size is None or self.batch_mode != "truncate_episodes" \
+                or self.count_steps_by != "env_steps":
+            return super().actual_train_batch_size
+        item = self.sample_item_size
+        return self.microbatches_per_step * -(-self.microbatch_size // item) * item
+
+    def train_batch_size_warning(self) -> str | None:
+        """As :class:`~flowrl.config.TrainerConfig`'s; with microbatches, about ``microbatch_size``."""
+        actual = self.actual_train_batch_size
+        if self.microbatch_size is None or actual is None or actual == self.train_batch_size:
+            return super().train_batch_size_warning()
+        item, k = self.sample_item_size, self.microbatches_per_step
+        return (f"microbatch_size={self.microbatch_size} cannot be met: each microbatch will hold "
+                f"{actual // k} steps (whole samples of {item} steps), so each update averages {k} of them, {actual} "
+                f"steps instead of train_batch_size={self.train_batch_size}; make microbatch_size a multiple of "
+                f"{item} that divides train_batch_size")
 
     @property
     def microbatches_per_step(self) -> int:
@@ -172,7 +194,8 @@ def plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[str, Any]]
     gradients and apply them; report.
 
     Examples:
-        >>> config = A2CConfig(seed=0, num_workers=0, train_batch_size=40, microbatch_size=20, min_iter_time_s=0)
+        >>> config = A2CConfig(seed=0, num_workers=0, train_batch_size=40, microbatch_size=20,
+        ...                    timesteps_per_iteration=0)
         >>> it = plan(WorkerSet(policy_class=ActorCriticPolicy, config=config), config)
         >>> repr(it).startswith("LocalIterator[ParallelRollouts(bulk_sync).combine(ConcatBatches(20))"
         ...                     ".for_each(ComputeGradients).batch(2).for_each(AverageGradients)"

@@ -9,8 +9,8 @@ The policy is A2C's :class:`~flowrl.algorithms.a2c.ActorCriticPolicy`; only the 
 
 Examples:
     >>> config = A3CConfig(env="CartPole-v1", num_workers=2)
-    >>> config.rollout_fragment_length, config.min_iter_time_s, config.grad_clip, config.lr
-    (10, 5, 40.0, 0.0001)
+    >>> config.rollout_fragment_length, config.timesteps_per_iteration, config.min_iter_time_s, config.lr
+    (10, 1000, 0, 0.0001)
     >>> A3CConfig(num_workers=0)
     Traceback (most recent call last):
     ...
@@ -41,11 +41,17 @@ class A3CConfig(ActorCriticConfig):
     Attributes:
         num_workers: remote workers computing gradients; at least 1.
         rollout_fragment_length: 10 steps per env per gradient.
-        min_iter_time_s: 5; a report waits at least this long.
+        timesteps_per_iteration: 1000; a report comes after that many new env steps (100 gradients of 10
+            steps), with no wall-time gate.
     """
 
     rollout_fragment_length: int = 10
-    min_iter_time_s: float = 5
+    timesteps_per_iteration: int = 1000
+
+    @property
+    def actual_train_batch_size(self) -> int | None:
+        """``None``: each gradient is one worker's fragment (``sample_size`` steps); ``train_batch_size`` is unused."""
+        return None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,7 +70,7 @@ def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, A
     Examples:
         >>> from flowrl.testing import make_fake_workers
         >>> workers = make_fake_workers(2)
-        >>> plan(workers, A3CConfig(min_iter_time_s=0))
+        >>> plan(workers, A3CConfig(timesteps_per_iteration=0))
         LocalIterator[AsyncGradients.for_each(ApplyGradients(update_all=False)).filter(ReportGate(...)).for_each(...)]
         >>> workers.stop()
     """

@@ -8,9 +8,10 @@ into the learner's in-queue, paired with the shard. (3) The learner's out-queue 
 shard, is counted, and drives the target network. ``Concurrently(async)`` joins them, emitting (3).
 
 Examples:
-    >>> config = ApexConfig(seed=0)
-    >>> config.num_workers, config.num_replay_buffer_shards, config.n_step, config.train_batch_size
-    (32, 4, 3, 512)
+    >>> from flowrl.config import available_cpus
+    >>> config = ApexConfig(seed=0)  # 32 workers, or as many as there are CPUs
+    >>> config.num_workers == min(32, available_cpus()), config.num_replay_buffer_shards, config.n_step
+    (True, 4, 3)
     >>> [round(e, 4) for e in ApexConfig(num_workers=3).worker_epsilons]  # 0.4 ** (1 + 7 i / (N - 1))
     [0.4, 0.0162, 0.0007]
     >>> ApexConfig(num_gpus=2)
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -32,7 +33,7 @@ import torch
 
 from flowrl.algorithms import Algorithm
 from flowrl.algorithms.dqn import NSTEP_DISCOUNTS, DQNConfig, DQNPolicy
-from flowrl.config import PolicyConfig
+from flowrl.config import PolicyConfig, num_workers_that_fit
 from flowrl.iter import LocalIterator
 from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, Dequeue, Enqueue, ParallelRollouts,
                         RecordLearnerOutput, Replay, StandardMetricsReporting, StoreToReplayBuffer,
@@ -67,7 +68,8 @@ class ApexConfig(DQNConfig):
     """Ape-X's config: :class:`~flowrl.algorithms.dqn.DQNConfig` with RLlib's Ape-X defaults.
 
     Attributes:
-        num_workers: remote rollout workers (32); worker ``i`` of ``N`` explores with
+        num_workers: remote rollout workers (32, capped at the CPUs available, see
+            :func:`~flowrl.config.num_workers_that_fit`); worker ``i`` of ``N`` explores with
             :func:`per_worker_epsilon` ``(i, N)`` (see :attr:`worker_epsilons`); 0: the driver samples, ε = 0.4.
         num_gpus: the learner's devices: 0 (CPU, the default) or 1.
         num_replay_buffer_shards: ``ReplayActor`` shards (4), each with ``1/shards`` of ``buffer_size`` and
@@ -76,7 +78,8 @@ class ApexConfig(DQNConfig):
         n_step (3), buffer_size (2,000,000), learning_starts (50000), train_batch_size (512),
             rollout_fragment_length (50): as in DQN, with Ape-X's values.
         target_network_update_freq: **trained** steps between target-network copies (500000).
-        timesteps_per_iteration / min_iter_time_s: a report waits for 25000 new steps and 30 s.
+        timesteps_per_iteration: a report waits for 1000 new env steps, as DQN's (RLlib's cluster-sized 25000
+            steps and 30 s made one report span ~60k steps on a laptop); no wall-time gate.
         worker_side_prioritization: workers compute each row's initial priority ``|td_error|`` with their
             own network (True), instead of the shard's max priority.
         training_intensity: ``None``: the three sub-flows run asynchronously; otherwise trained steps per sampled
@@ -85,7 +88,7 @@ class ApexConfig(DQNConfig):
         learner_queue_size: replayed batches waiting for the learner (16).
     """
 
-    num_workers: int = 32
+    num_workers: int = field(default_factory=num_workers_that_fit(32, "ApexConfig"))
     num_replay_buffer_shards: int = 4
     max_weight_sync_delay: int = 400
     n_step: int = 3
@@ -94,8 +97,7 @@ class ApexConfig(DQNConfig):
     train_batch_size: int = 512
     rollout_fragment_length: int = 50
     target_network_update_freq: int = 500000
-    timesteps_per_iteration: int = 25000
-    min_iter_time_s: float = 30
+    timesteps_per_iteration: int = 1000
     worker_side_prioritization: bool = True
     replay_buffer_shards_colocated_with_driver: bool = True
     learner_queue_size: int = 16

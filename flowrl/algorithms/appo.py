@@ -191,7 +191,7 @@ def plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]
     refreshes the target network (and KL coefficient) every ``target_update_period`` learner updates.
 
     Examples:
-        >>> config = APPOConfig(seed=0, num_workers=0, train_batch_size=100, min_iter_time_s=0)
+        >>> config = APPOConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
         >>> it = plan(WorkerSet(policy_class=APPOPolicy, config=config), config)
         >>> repr(it).split("]]")[1]
         '.for_each(UpdateTargetAndKL(1)).filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics).for_each()]'

@@ -63,7 +63,7 @@ class DQNConfig(TrainerConfig):
         num_workers: remote rollout workers (0: the driver samples between train steps).
         rollout_fragment_length: steps per env per stored fragment (4); at least ``n_step``.
         train_batch_size: rows per replayed train batch (32).
-        timesteps_per_iteration / min_iter_time_s: a report waits for 1000 new steps and 1 s.
+        timesteps_per_iteration: a report waits for 1000 new env steps (no wall-time gate).
         lr: Adam learning rate (5e-4). adam_epsilon: Adam's epsilon (1e-8). grad_clip: max gradient norm (40).
         double_q: the bootstrap action is chosen by the online network, valued by the target one.
         dueling: ``Q = V + A - mean(A)`` from separate value and advantage heads.
@@ -88,7 +88,6 @@ class DQNConfig(TrainerConfig):
     rollout_fragment_length: int = 4
     train_batch_size: int = 32
     timesteps_per_iteration: int = 1000
-    min_iter_time_s: float = 1
     lr: float = 5e-4
     adam_epsilon: float = 1e-8
     grad_clip: float | None = 40
@@ -168,6 +167,11 @@ class DQNConfig(TrainerConfig):
         steps_per_store_item = self.rollout_fragment_length * self.num_envs_per_worker * max(self.num_workers, 1)
         native_ratio = self.train_batch_size / steps_per_store_item
         return [1.0, self.training_intensity / native_ratio]
+
+    @property
+    def actual_train_batch_size(self) -> int | None:
+        """``train_batch_size``: ``Replay`` draws exactly that many rows, whatever the fragments."""
+        return self.train_batch_size
 
     def epsilon_at(self, timestep: int) -> float:
         """The exploration epsilon after ``timestep`` sampled steps: linear from initial to final, then final."""

@@ -17,8 +17,8 @@ The policy's loss is the V-trace actor-critic loss (:mod:`flowrl.algorithms.vtra
 
 Examples:
     >>> config = IMPALAConfig(env="CartPole-v1")
-    >>> config.rollout_fragment_length, config.train_batch_size, config.min_iter_time_s, config.num_workers
-    (50, 500, 10, 2)
+    >>> config.rollout_fragment_length, config.train_batch_size, config.timesteps_per_iteration, config.min_iter_time_s
+    (50, 500, 1000, 0)
     >>> IMPALAConfig(batch_mode="complete_episodes")
     Traceback (most recent call last):
     ...
@@ -65,7 +65,8 @@ class IMPALAConfig(TrainerConfig):
     Attributes:
         rollout_fragment_length: 50 steps per env per sample (V-trace's sequence length).
         train_batch_size: 500 steps per learner update.
-        min_iter_time_s: 10; a report waits at least this long.
+        timesteps_per_iteration: 1000; a report comes at the first learner output after that many new env steps
+            (no wall-time gate: RLlib's 10 s made one report span ~100k env steps on a laptop).
         num_multi_gpu_tower_stacks: batches the multi-GPU learner holds loaded (1); it also bounds the
             effective ``minibatch_buffer_size`` there (:attr:`effective_minibatch_buffer_size`).
         minibatch_buffer_size: train batches the learner thread cycles through (1).
@@ -93,7 +94,7 @@ class IMPALAConfig(TrainerConfig):
 
     rollout_fragment_length: int = 50
     train_batch_size: int = 500
-    min_iter_time_s: float = 10
+    timesteps_per_iteration: int = 1000
     num_multi_gpu_tower_stacks: int = 1
     minibatch_buffer_size: int = 1
     num_sgd_iter: int = 1
@@ -158,6 +159,12 @@ class IMPALAConfig(TrainerConfig):
             warnings.warn(f"minibatch_buffer_size={self.minibatch_buffer_size} exceeds num_multi_gpu_tower_stacks="
                           f"{self.num_multi_gpu_tower_stacks}; the multi-GPU learner buffers "
                           f"{self.num_multi_gpu_tower_stacks} batches", stacklevel=3)
+
+    @property
+    def sample_item_size(self) -> int:
+        """One worker's ``sample_size``: fragments arrive one by one (``ParallelRollouts(async)``), so a train batch
+        is ``ceil(train_batch_size / sample_size)`` of them (replayed fragments are the same size)."""
+        return self.sample_size
 
     @property
     def effective_minibatch_buffer_size(self) -> int:
@@ -307,7 +314,7 @@ def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, An
         ValueError: tree aggregation without remote workers, or with fewer remote workers than aggregators.
 
     Examples:
-        >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, min_iter_time_s=0)
+        >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
         >>> it = plan(WorkerSet(policy_class=IMPALAPolicy, config=config), config)
         >>> import re
         >>> print(re.sub(r"\\.(?=(combine|for_each|filter)\\()", "\\n  .", repr(it)))

@@ -89,7 +89,7 @@ class MultiAgentConfig(TrainerConfig):
     Attributes:
         env: a multi-agent env callable (:class:`~flowrl.envs.MultiAgentCartPole`, 4 agents via ``env_config``).
         num_workers: remote rollout workers (0: the driver samples). rollout_fragment_length: 50.
-        timesteps_per_iteration / min_iter_time_s: a report waits for 1000 new env steps and 1 s.
+        timesteps_per_iteration: a report waits for 1000 new env steps (no wall-time gate).
         ppo: ``ppo_policy``'s learning settings; its ``train_batch_size`` (200) is what the PPO branch
             concatenates (counted by ``count_steps_by``), ``num_sgd_iter`` (10) x ``sgd_minibatch_size``
             (128) its epochs. Defaults: lr 3e-4, as tuned for CartPole.
@@ -111,7 +111,6 @@ class MultiAgentConfig(TrainerConfig):
     num_workers: int = 0
     rollout_fragment_length: int = 50
     timesteps_per_iteration: int = 1000
-    min_iter_time_s: float = 1
     ppo: PPOConfig = field(default_factory=_default_ppo)
     dqn: DQNConfig = field(default_factory=_default_dqn)
 

@@ -44,10 +44,12 @@ class PGConfig(TrainerConfig):
     Attributes:
         num_workers: 0, so the driver samples and learns.
         lr: Adam learning rate, 4e-4 (RLlib's PG default).
+        timesteps_per_iteration: 1000; a report comes at the first train step after that many new env steps.
     """
 
     num_workers: int = 0
     lr: float = 0.0004
+    timesteps_per_iteration: int = 1000
 
 
 class PGPolicy(Policy):
@@ -103,8 +105,8 @@ def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, A
         >>> repr(it).startswith("LocalIterator[ParallelRollouts(bulk_sync).combine(ConcatBatches(200))"
         ...                     ".for_each(TrainOneStep)")
         True
-        >>> next(it)["timesteps_total"]
-        200
+        >>> next(it)["timesteps_total"]  # a report covers timesteps_per_iteration=1000 env steps: 5 batches
+        1000
     """
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     train_op = (rollouts

@@ -29,8 +29,8 @@ BOX4 = gym.spaces.Box(-1, 1, (4,), np.float32)
 
 def test_config_has_a2c_defaults() -> None:
     c = A2CConfig()
-    assert (c.rollout_fragment_length, c.min_iter_time_s, c.microbatch_size, c.microbatches_per_step) == \
-        (20, 10, None, 1)
+    assert (c.rollout_fragment_length, c.timesteps_per_iteration, c.min_iter_time_s, c.microbatch_size,
+            c.microbatches_per_step) == (20, 1000, 0, None, 1)
     assert (c.use_gae, c.lambda_, c.vf_loss_coeff, c.entropy_coeff, c.grad_clip, c.lr) == \
         (True, 1.0, 0.5, 0.01, 40, 1e-4)
     assert A2CConfig(train_batch_size=50, microbatch_size=20).microbatches_per_step == 3  # ceil(50 / 20)
@@ -143,7 +143,7 @@ def test_gradients_are_clipped_to_grad_clip() -> None:
 
 # -- plan -------------------------------------------------------------------------------------------
 
-SMALL = A2CConfig(seed=0, num_workers=0, train_batch_size=40, min_iter_time_s=0)
+SMALL = A2CConfig(seed=0, num_workers=0, train_batch_size=40, timesteps_per_iteration=0)
 TAIL = ".filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics)]"
 
 
@@ -176,7 +176,7 @@ def test_microbatches_average_to_the_full_batch_step() -> None:
 
 
 def test_same_seed_gives_identical_results_with_remote_workers() -> None:
-    config = A2CConfig(seed=5, num_workers=2, num_cpus_per_worker=0.5, train_batch_size=100, min_iter_time_s=0)
+    config = A2CConfig(seed=5, num_workers=2, num_cpus_per_worker=0.5, train_batch_size=100, timesteps_per_iteration=0)
     first, second = ([comparable(r) for r in first_results(ActorCriticPolicy, config, plan, 3)] for _ in range(2))
     assert first == second
     assert "'num_healthy_workers': 2" in first[0] and "'timesteps_total': 120" in first[0]  # 2 x 20, concat to >= 100

@@ -20,7 +20,8 @@ from .test_pg import train_until
 
 def test_config_has_a3c_defaults() -> None:
     c = A3CConfig()
-    assert (c.rollout_fragment_length, c.min_iter_time_s, c.grad_clip, c.lr, c.num_workers) == (10, 5, 40, 1e-4, 2)
+    assert (c.rollout_fragment_length, c.timesteps_per_iteration, c.min_iter_time_s, c.grad_clip, c.lr,
+            c.num_workers) == (10, 1000, 0, 40, 1e-4, 2)
     assert (c.use_gae, c.lambda_, c.vf_loss_coeff, c.entropy_coeff) == (True, 1.0, 0.5, 0.01)
 
 
@@ -40,7 +41,7 @@ def test_registered_under_a3c_with_the_shared_actor_critic_policy() -> None:
 def test_each_gradient_is_applied_once_and_answered_to_its_producer_alone() -> None:
     workers = make_fake_workers(2, rollout_fragment_length=10)
     try:
-        results = plan(workers, A3CConfig(min_iter_time_s=0))
+        results = plan(workers, A3CConfig(timesteps_per_iteration=0))
         assert repr(results) == ("LocalIterator[AsyncGradients.for_each(ApplyGradients(update_all=False))"
                                  ".filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics)]")
         last = [next(results) for _ in range(12)][-1]  # no gate: one report per applied gradient

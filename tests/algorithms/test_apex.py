@@ -19,7 +19,7 @@ from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.apex import (ALGORITHM, ApexConfig, ApexPolicy, ReplayShards, make_owned_state,
                                     make_replay_shards, per_worker_epsilon, plan, set_worker_epsilons)
 from flowrl.algorithms.dqn import NSTEP_DISCOUNTS
-from flowrl.config import ModelConfig
+from flowrl.config import ModelConfig, available_cpus
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, TERMINATEDS, TRUNCATEDS,
                                  SampleBatch)
 from flowrl.testing import make_fake_workers, plan_lines
@@ -68,7 +68,7 @@ def test_config_has_apex_defaults() -> None:
             c.learning_starts, c.train_batch_size, c.rollout_fragment_length, c.target_network_update_freq,
             c.timesteps_per_iteration, c.min_iter_time_s, c.worker_side_prioritization, c.training_intensity,
             c.replay_buffer_shards_colocated_with_driver) == \
-        (32, 0, 4, 400, 3, 2_000_000, 50000, 512, 50, 500000, 25000, 30, True, None, True)
+        (min(32, available_cpus()), 0, 4, 400, 3, 2_000_000, 50000, 512, 50, 500000, 1000, 0, True, None, True)
     assert c.prioritized_replay and c.double_q and c.dueling  # DQN's, inherited
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.num_workers = 1  # type: ignore[misc]  # the point of the test

@@ -213,8 +213,8 @@ def _learner_threads() -> list[threading.Thread]:
 def test_plan_updates_the_target_every_sgd_iter_x_buffer_learner_updates(train_batch_size: int) -> None:
     """The same number of target updates per learner update, whatever the env steps per update."""
     workers = make_fake_workers(2, rollout_fragment_length=10)
-    config = APPOConfig(train_batch_size=train_batch_size, min_iter_time_s=0, learner_queue_size=2, num_sgd_iter=2,
-                        minibatch_buffer_size=2, use_kl_loss=False)
+    config = APPOConfig(train_batch_size=train_batch_size, timesteps_per_iteration=0, learner_queue_size=2,
+                        num_sgd_iter=2, minibatch_buffer_size=2, use_kl_loss=False)
     before = set(_learner_threads())
     try:
         it = plan(workers, config)
@@ -236,7 +236,7 @@ def test_plan_updates_the_target_every_sgd_iter_x_buffer_learner_updates(train_b
 def test_plan_shape() -> None:
     workers = make_fake_workers(2, rollout_fragment_length=10)
     try:
-        it = plan(workers, APPOConfig(train_batch_size=20, min_iter_time_s=0, learner_queue_size=2,
+        it = plan(workers, APPOConfig(train_batch_size=20, timesteps_per_iteration=0, learner_queue_size=2,
                                       num_sgd_iter=3))
         try:
             assert repr(it) == (

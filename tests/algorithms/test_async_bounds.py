@@ -165,7 +165,7 @@ def _import_plan(case: _Case) -> tuple[ModuleType, Any]:
 
 def _config(case: _Case, config_class: Any) -> Any:
     fields = dict(num_workers=NUM_WORKERS, seed=0, rollout_fragment_length=FRAGMENT, train_batch_size=TRAIN_BATCH,
-                  min_iter_time_s=0, metrics_smoothing_episodes=20, **case.extra)
+                  timesteps_per_iteration=0, metrics_smoothing_episodes=20, **case.extra)
     fields.update(learner_queue_size=QUEUE_SIZE)
     if case.module in ("impala", "appo"):
         fields.update(max_sample_requests_in_flight_per_worker=IN_FLIGHT)

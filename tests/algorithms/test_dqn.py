@@ -43,7 +43,7 @@ def test_config_has_dqn_defaults_and_is_frozen() -> None:
     c = DQNConfig()
     assert (c.num_workers, c.timesteps_per_iteration, c.min_iter_time_s, c.target_network_update_freq,
             c.buffer_size, c.learning_starts, c.rollout_fragment_length, c.train_batch_size) == \
-        (0, 1000, 1, 500, 50000, 1000, 4, 32)
+        (0, 1000, 0, 500, 50000, 1000, 4, 32)
     assert (c.prioritized_replay, c.prioritized_replay_alpha, c.prioritized_replay_beta, c.prioritized_replay_eps,
             c.n_step, c.training_intensity, c.before_learn_on_batch, c.store_buffer_in_checkpoints) == \
         (True, 0.6, 0.4, 1e-6, 1, None, None, False)

@@ -32,8 +32,8 @@ from flowrl.workers import WorkerSet
 
 def test_config_has_impala_defaults() -> None:
     c = IMPALAConfig()
-    assert (c.rollout_fragment_length, c.train_batch_size, c.min_iter_time_s, c.num_workers, c.num_gpus) == \
-        (50, 500, 10, 2, 0)
+    assert (c.rollout_fragment_length, c.train_batch_size, c.timesteps_per_iteration, c.min_iter_time_s,
+            c.num_workers, c.num_gpus) == (50, 500, 1000, 0, 2, 0)
     assert (c.num_multi_gpu_tower_stacks, c.minibatch_buffer_size, c.num_sgd_iter, c.replay_proportion,
             c.replay_buffer_num_slots) == (1, 1, 1, 0.0, 0)
     assert (c.learner_queue_size, c.learner_queue_timeout, c.max_sample_requests_in_flight_per_worker,
@@ -159,7 +159,7 @@ def test_plan_shape_and_the_learner_stops_when_the_plan_is_closed() -> None:
     workers = make_fake_workers(2, rollout_fragment_length=10)
     before = set(_learner_threads())
     try:
-        it = plan(workers, IMPALAConfig(train_batch_size=20, min_iter_time_s=0, learner_queue_size=2))
+        it = plan(workers, IMPALAConfig(train_batch_size=20, timesteps_per_iteration=0, learner_queue_size=2))
         try:
             assert repr(it) == (
                 "LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelRollouts(async)"
@@ -193,7 +193,7 @@ def test_after_train_step_sees_each_learner_output() -> None:
         return stage
 
     workers = make_fake_workers(1, rollout_fragment_length=10)
-    it = plan(workers, IMPALAConfig(train_batch_size=10, min_iter_time_s=0, after_train_step=after_train_step))
+    it = plan(workers, IMPALAConfig(train_batch_size=10, timesteps_per_iteration=0, after_train_step=after_train_step))
     try:
         it.take(3)
         assert len(seen) == 3 and all("default_policy" in info for info in seen)
@@ -205,7 +205,7 @@ def test_after_train_step_sees_each_learner_output() -> None:
 def test_trainer_runs_impala_and_stop_ends_the_learner() -> None:
     before = set(_learner_threads())
     trainer = Trainer("impala", IMPALAConfig(env="CartPole-v1", seed=0, num_workers=1, num_cpus_per_worker=0.5,
-                                             min_iter_time_s=0, train_batch_size=100))
+                                             timesteps_per_iteration=0, train_batch_size=100))
     try:
         result = trainer.train()
         assert result["info"]["num_steps_trained"] >= 100
@@ -263,8 +263,9 @@ def test_tree_aggregation_counts_fresh_steps_keeps_groups_apart_and_syncs_every_
     seen, made = _record_aggregation(monkeypatch)
     workers = make_fake_workers(4, rollout_fragment_length=AGG_FRAGMENT)
     # replay_proportion=1: exactly one replayed fragment per fresh one, so each train batch is half replayed
-    config = IMPALAConfig(num_workers=4, num_aggregation_workers=2, train_batch_size=AGG_BATCH, min_iter_time_s=0,
-                          replay_proportion=1.0, replay_buffer_num_slots=4, broadcast_interval=4, seed=0)
+    config = IMPALAConfig(num_workers=4, num_aggregation_workers=2, train_batch_size=AGG_BATCH,
+                          timesteps_per_iteration=0, replay_proportion=1.0, replay_buffer_num_slots=4,
+                          broadcast_interval=4, seed=0)
     remotes = workers.remote_workers()
     try:
         it = plan(workers, config)
@@ -315,7 +316,7 @@ def test_closing_the_plan_kills_its_aggregators_and_stops_the_learner(monkeypatc
     before = set(_learner_threads())
     try:
         it = plan(workers, IMPALAConfig(num_workers=2, num_aggregation_workers=1, train_batch_size=AGG_BATCH,
-                                        min_iter_time_s=0))
+                                        timesteps_per_iteration=0))
         (learner,) = set(_learner_threads()) - before
         assert len(made) == 1 and _alive(made[0])  # started by the plan call, before any pull
         it.close()

@@ -141,7 +141,7 @@ def test_a_step_raises_the_likelihood_of_well_rewarded_actions() -> None:
 # -- plan -------------------------------------------------------------------------------------------
 
 def test_plan_reads_like_the_figure_and_counts_steps() -> None:
-    config = PGConfig(seed=0, train_batch_size=300, rollout_fragment_length=100)
+    config = PGConfig(seed=0, train_batch_size=300, rollout_fragment_length=100, timesteps_per_iteration=0)
     workers = WorkerSet(policy_class=PGPolicy, config=config)
     results = plan(workers, config)
     assert repr(results) == ("LocalIterator[ParallelRollouts(bulk_sync).combine(ConcatBatches(300))"

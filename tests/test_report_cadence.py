@@ -1,0 +1,17 @@
+"""Item 10 of issue 31: every algorithm's default reporting cadence is gated on env steps, similar across
+algorithms, and independent of the machine's speed (no wall-time gate)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowrl.algorithms import ALGORITHMS, get_algorithm
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_default_reports_are_gated_on_env_steps_not_seconds(name: str) -> None:
+    config = get_algorithm(name).config_class()
+    assert config.min_iter_time_s == 0
+    # a report spans 1000 env steps, or one train batch where that is larger (PPO's 4000)
+    per_report = max(config.timesteps_per_iteration, config.actual_train_batch_size or 0)
+    assert 1000 <= per_report <= 4000
