@@ -186,7 +186,8 @@ def test_a_profiled_apex_run_shows_its_three_sub_flows_and_the_staleness_it_trai
 
 
 def test_the_trainer_result_carries_the_profile_only_when_enabled() -> None:
-    base = PGConfig(num_workers=0, rollout_fragment_length=50, train_batch_size=100, seed=0)
+    base = PGConfig(num_workers=0, rollout_fragment_length=50, train_batch_size=100, timesteps_per_iteration=0,
+                    seed=0)
     off, on = Trainer("pg", base), Trainer("pg", dataclasses.replace(base, profile=True))
     try:
         assert "profile" not in off.train() and off.plan._cell.flow.profiler is None
@@ -236,7 +237,8 @@ def test_bad_plan_show_and_profile_invocations_are_usage_errors(args: list[str],
 
 def test_profile_trains_n_iterations_and_prints_the_table() -> None:
     result = invoke("profile", "pg", "--env", "CartPole-v1", "--config", "num_workers=0", "--config",
-                    "train_batch_size=100", "--config", "rollout_fragment_length=50", "--iters", 2)
+                    "train_batch_size=100", "--config", "rollout_fragment_length=50", "--config",
+                    "timesteps_per_iteration=0", "--iters", 2)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert [line.split()[:2] for line in lines[:2]] == [["iter", "1"], ["iter", "2"]]

@@ -552,7 +552,7 @@ class AddReplayShardStats:
     Examples:
         >>> from flowrl.replay_buffers import make_replay_actors
         >>> [shard] = make_replay_actors(1, learning_starts=0, capacity=10)
-        >>> op = AddReplayShardStats(shard)
+        >>> op = AddReplayShardStats(shard, timeout_s=60)  # (a new actor answers once it has started)
         >>> result = op({"info": {}})
         >>> result["info"]["replay_shard_0"]["num_added"], result["info"]["replay_shard_0"]["capacity"]
         (0, 10)

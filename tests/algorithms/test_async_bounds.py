@@ -153,8 +153,8 @@ _CASES = {
     "impala-multi-gpu-learner": _Case("impala", "IMPALAConfig", IN_FLIGHT, {"simple_optimizer": False}),
     "appo": _Case("appo", "APPOConfig", IN_FLIGHT, {"replay_buffer_num_slots": 0}, builder="impala"),
     "apex": _Case("apex", "ApexConfig", 2, {"num_replay_buffer_shards": 1, "learning_starts": TRAIN_BATCH,
-                                             "buffer_size": 10 * TRAIN_BATCH, "target_network_update_freq": 500,
-                                             "timesteps_per_iteration": 0}, throttled=False),
+                                             "buffer_size": 10 * TRAIN_BATCH, "target_network_update_freq": 500},
+                  throttled=False),
 }
 
 
