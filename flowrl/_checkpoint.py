@@ -125,17 +125,36 @@ def _is_checkpoint(path: Path) -> bool:
 
 
 def find_checkpoint(path: Path | str) -> Path:
-    """``path`` if it is a checkpoint, else the latest ``checkpoint_*`` in it or in its ``checkpoints/`` (so a
-    run directory of ``flowrl train`` names its latest checkpoint).
+    """``path`` if it is a checkpoint, else the latest checkpoint of the run directory ``path`` (or of the run
+    whose checkpoint directory ``path`` is), so a run directory of ``flowrl train`` names its latest checkpoint.
+
+    "Latest" is the run's own record (``run_info.json``, which ``flowrl train`` rewrites at every checkpoint
+    and at ``--resume``): after a resume from an earlier checkpoint it is the newest branch's, even while the
+    abandoned branch's higher-numbered checkpoints are on disk. Without a record (a run of an older flowrl, a
+    bare folder), it is the highest-numbered ``checkpoint_*`` in ``path`` or in ``path/checkpoints``; a
+    ``checkpoint_*`` symlink that points out of its folder is not taken.
 
     Raises:
-        ValueError: ``path`` is no checkpoint and holds none.
+        ValueError: ``path`` is no checkpoint and holds none, or its record names a checkpoint that is gone.
     """
+    from flowrl.logger import RUN_INFO, recorded_checkpoint, recorded_checkpoint_dir
+
     path = Path(path)
     if _is_checkpoint(path):
         return path
+    latest = recorded_checkpoint(path) if path.is_dir() else None
+    if latest is None and path.is_dir() and (path.parent / RUN_INFO).is_file():
+        folder = recorded_checkpoint_dir(path.parent)  # `path` may be the run's checkpoint directory
+        if folder is not None and folder.resolve() == path.resolve():
+            latest, path = recorded_checkpoint(path.parent), path.parent
+    if latest is not None:
+        if not _is_checkpoint(latest):
+            raise ValueError(f"{path / RUN_INFO} records {str(latest)!r} as the run's latest checkpoint, but it is "
+                             f"gone (no {_MANIFEST}); pass a checkpoint_* directory itself")
+        return latest
     for folder in (path, path / "checkpoints"):
-        found = [p for p in folder.glob("checkpoint_*") if _is_checkpoint(p)] if folder.is_dir() else []
+        found = [p for p in folder.glob("checkpoint_*") if _is_checkpoint(p) and
+                 (not p.is_symlink() or p.resolve().parent == folder.resolve())] if folder.is_dir() else []
         if found:
             return max(found, key=lambda p: (int(m.group()) if (m := re.search(r"\d+$", p.name)) else -1, p.name))
     raise ValueError(f"{str(path)!r} is not a checkpoint (no {_MANIFEST}) and holds no checkpoint_* directory; "

@@ -41,6 +41,7 @@ import collections.abc
 import contextlib
 import dataclasses
 import difflib
+import errno
 import importlib
 import inspect
 import json
@@ -63,7 +64,8 @@ import click
 
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import TrainerConfig, config_field_types
-from flowrl.logger import LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress, record_target
+from flowrl.logger import (LEARNING_CURVE, PROGRESS_CSV, TB_DIR, RunLogger, plot_progress, record_checkpoint,
+                           record_target, recorded_checkpoint, recorded_checkpoint_dir)
 
 if TYPE_CHECKING:
     from flowrl.trainer import Trainer
@@ -484,7 +486,8 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--stop-reward", type=float, help="Stop when episode_reward_mean reaches this.")
 @click.option("--stop-timesteps", type=click.IntRange(min=1), help="Stop at this many env steps in all.")
 @click.option("--stop-time", type=click.FloatRange(min=0, min_open=True),
-              help="Stop after this many seconds of training in all.")
+              help="Stop after this many seconds of training in all; a report still running then is abandoned "
+                   "(its samples are dropped) and the last finished one is checkpointed.")
 @click.option("--stop-iters", type=click.IntRange(min=1), help="Stop at this training_iteration.")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where checkpoints go (default: RUN_DIR/checkpoints).")
@@ -525,6 +528,8 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
     if note is not None:
         click.echo(note, err=True)
     run_dir = _run_dir(log_dir, checkpoint, algorithm, config)
+    _check_writable_dir(run_dir, "'--log-dir'")
+    _check_writable_dir(checkpoint_dir or run_dir / "checkpoints", "'--checkpoint-dir'")
     workers_chosen = any(item.partition("=")[0].strip() == "num_workers" for item in items)
     _train(algorithm, config, stop, run_dir=run_dir, checkpoint=checkpoint, address=address,
            checkpoint_dir=checkpoint_dir or run_dir / "checkpoints", checkpoint_freq=checkpoint_freq,
@@ -582,16 +587,50 @@ def _resume_config(checkpoint: Path, algorithm: Algorithm, overrides: Sequence[t
     return config
 
 
+def _owns(run_dir: Path, checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` belongs to the run in ``run_dir``: it lies in the run's checkpoint directory (as the
+    run recorded it; ``RUN_DIR/checkpoints`` without a record), or it is the run's recorded latest (a run resumed
+    from another run's checkpoint and killed before its own first one)."""
+    try:
+        folder, latest = recorded_checkpoint_dir(run_dir), recorded_checkpoint(run_dir)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--log-dir'") from None
+    same = os.path.realpath(checkpoint.parent) == os.path.realpath(folder or run_dir / "checkpoints")
+    return same or (latest is not None and os.path.realpath(latest) == os.path.realpath(checkpoint))
+
+
 def _run_dir(log_dir: Path | None, checkpoint: Path | None, algorithm: Algorithm, config: TrainerConfig) -> Path:
+    """The run directory: ``--log-dir``; else, resuming, the run the checkpoint belongs to; else a new one. Rows of
+    a run are dropped only when that run itself is resumed, so another run's directory is refused."""
     if log_dir is not None:
         if checkpoint is None and (log_dir / PROGRESS_CSV).exists():
             raise click.BadParameter(f"{str(log_dir)!r} already holds a run's {PROGRESS_CSV}; continue it with "
                                      f"--resume {log_dir} or choose another --log-dir", param_hint="'--log-dir'")
+        if checkpoint is not None and (log_dir / PROGRESS_CSV).exists() and not _owns(log_dir, checkpoint):
+            raise click.BadParameter(f"{str(log_dir)!r} holds another run's {PROGRESS_CSV} ({checkpoint} is not one "
+                                     f"of its checkpoints), whose rows resuming would mix or drop; choose a new "
+                                     f"--log-dir, or drop --log-dir to continue the checkpoint's own run",
+                                     param_hint="'--log-dir'")
         return log_dir
-    if checkpoint is not None and (checkpoint.parent.parent / PROGRESS_CSV).exists():
+    if checkpoint is not None and (checkpoint.parent.parent / PROGRESS_CSV).exists() and \
+            _owns(checkpoint.parent.parent, checkpoint):
         return checkpoint.parent.parent  # RUN_DIR/checkpoints/checkpoint_N: append to that run
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{algorithm.name}_{_env_name(config.env)}_{stamp}"
+
+
+def _check_writable_dir(path: Path, param_hint: str) -> None:
+    """Refuses a directory that cannot be created or written to, before any training time is spent (not
+    creating it: a run refused later, e.g. for an unknown env, leaves nothing behind)."""
+    existing = path
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.BadParameter(f"{str(path)!r} cannot be a directory: {str(existing)!r} is a file; choose another "
+                                 f"path", param_hint=param_hint)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{str(path)!r} is not writable: this user may not write in {str(existing)!r}; "
+                                 f"choose another path or change its permissions", param_hint=param_hint)
 
 
 def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Path | None = None,
@@ -646,10 +685,14 @@ class _StopSignals:
     (or never, with ``raise_after=False``), so that what the section writes is written whole.
     :attr:`received` is the first signal. The handler prints nothing (the main thread may be writing),
     and the previous handlers (Python's for SIGINT, Ray's for SIGTERM) come back on exit.
+
+    :meth:`deadline` arms a timer (``SIGALRM``) that stops the same way, for ``--stop-time`` inside a long
+    report; it sets :attr:`deadline_passed`, not :attr:`received`.
     """
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.deadline_passed = False
         self._held = 0
         self._pending: int | None = None
         self._previous: dict[int, Any] = {}
@@ -661,12 +704,22 @@ class _StopSignals:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if signal.SIGALRM in self._previous:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
 
+    def deadline(self, seconds: float) -> None:
+        """Stops (as a signal does) once ``seconds`` have passed; only while entered from the main thread."""
+        if self._previous:
+            self._previous.setdefault(signal.SIGALRM, signal.signal(signal.SIGALRM, self._handle))
+            signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is None:
+        if signum == signal.SIGALRM:
+            self.deadline_passed = True
+        elif self.received is None:
             self.received = signum
         if self._held:
             self._pending = signum
@@ -686,53 +739,116 @@ class _StopSignals:
             raise _Stopped(pending)
 
 
+class _WriteFailed(Exception):
+    """A log row, a checkpoint or the run record could not be written (a full disk, a file size limit)."""
+
+    def __init__(self, error: OSError, path: Path) -> None:
+        self.error, self.path = error, Path(error.filename) if error.filename else path
+        name = errno.errorcode.get(error.errno or 0, "error")
+        super().__init__(f"cannot write {self.path}: {error.strerror or error} ({name})")
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Turns an ``OSError`` of the writes inside into :class:`_WriteFailed` (naming ``path`` unless it names a
+    file itself), so that ``flowrl train`` tells it from an error of training."""
+    try:
+        yield
+    except OSError as e:
+        raise _WriteFailed(e, path) from e
+
+
+def _save(trainer: Trainer, checkpoint_dir: Path, snapshot: dict[str, Any], run_dir: Path) -> Path:
+    """A checkpoint of ``snapshot``, then recorded as the run's latest."""
+    with _writing(checkpoint_dir):
+        saved = trainer.save(checkpoint_dir, snapshot=snapshot)
+    with _writing(run_dir):
+        record_checkpoint(run_dir, saved, checkpoint_dir=checkpoint_dir)
+    return saved
+
+
+def _later_checkpoints(checkpoint_dir: Path, iteration: int) -> list[str]:
+    """The names of ``checkpoint_dir``'s checkpoints past ``iteration`` (an abandoned branch's, after a resume)."""
+    names = [p.name for p in checkpoint_dir.glob("checkpoint_*") if re.fullmatch(r"checkpoint_\d+", p.name)]
+    return sorted(n for n in names if int(n.rpartition("_")[2]) > iteration)
+
+
 def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
            checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int,
            workers_chosen: bool = True) -> None:
     """Trains until ``stop``; on SIGINT (Ctrl-C) or SIGTERM it abandons the report in progress, writes a final
-    checkpoint of the last completed report (the state the logs end with), and exits with 128 + the signal."""
+    checkpoint of the last completed report (the state the logs end with), and exits with 128 + the signal.
+
+    A write that fails (a full disk) ends training with one line naming the file; the logs stay whole through
+    the last logged iteration and the last checkpoint stays restorable. ``--stop-time`` also abandons a report
+    still running at the deadline. Resuming, the checkpoint becomes the run's recorded latest before the logs'
+    later rows (of the branch that is abandoned) are dropped, and a line says so."""
     trainer = _make_trainer(algorithm, config, checkpoint=checkpoint, address=address, workers_chosen=workers_chosen)
     if stop.iters is not None and trainer.training_iteration >= stop.iters:
         trainer.stop()
         raise click.BadParameter(f"{checkpoint} is at iteration {trainer.training_iteration}, which already meets "
                                  f"--stop-iters {stop.iters}; raise it to train on", param_hint="'--stop-iters'")
+    if stop.time_s is not None and trainer.time_total_s >= stop.time_s:
+        trainer.stop()
+        raise click.BadParameter(f"{checkpoint} has trained {trainer.time_total_s:.1f} s, which already meets "
+                                 f"--stop-time {stop.time_s:g}; raise it to train on", param_hint="'--stop-time'")
     click.echo(f"run dir: {run_dir}" + (f" (resuming {checkpoint} at iteration {trainer.training_iteration})"
                                         if checkpoint is not None else ""))
     click.echo(f"progress: {run_dir / PROGRESS_CSV} and {run_dir / 'result.json'}")
     click.echo(f"tensorboard events: {run_dir / TB_DIR} (view with: tensorboard --logdir {run_dir.parent})")
     from flowrl import plan_graph  # the plan's operators by name; `flowrl plan show ALGO` draws its graph
     click.echo(plan_graph.summary(trainer.plan, algorithm.name))
-    record_target(run_dir, stop.reward)  # the learning curve draws it, now and in `flowrl plot RUN_DIR`
     saved, reason, result = checkpoint, None, None
     completed = saved_at = trainer.training_iteration  # the last report's iteration; the one `saved` holds
     snapshot: dict[str, Any] | None = None  # the trainer's state after the last completed report
     signals = _StopSignals()
+    write_failed: _WriteFailed | None = None
     try:
         with signals:
             try:
-                with (RunLogger(run_dir, keep_through_iteration=trainer.training_iteration if checkpoint else None)
-                      as logs, _Progress(live=sys.stdout.isatty()) as progress):
+                with _writing(run_dir):
+                    record_target(run_dir, stop.reward)  # the learning curve draws it, now and in `flowrl plot`
+                    if checkpoint is not None:  # the run's newest branch starts here, before later rows go
+                        record_checkpoint(run_dir, checkpoint, checkpoint_dir=checkpoint_dir)
+                    logs = RunLogger(run_dir, keep_through_iteration=completed if checkpoint else None)
+                with logs, _Progress(live=sys.stdout.isatty()) as progress:
+                    if logs.dropped and checkpoint is not None:
+                        later = _later_checkpoints(checkpoint_dir, completed)
+                        progress.note(f"dropping {logs.dropped} log rows after iteration {completed} of {run_dir}: "
+                                      f"resumed from {checkpoint.name}" + (
+                                          f" (the abandoned branch's {', '.join(later)} stay until this run "
+                                          f"replaces them)" if later else ""))
+                    if stop.time_s is not None:
+                        signals.deadline(stop.time_s - trainer.time_total_s)
                     while result is None or reason is None:
                         result = trainer.train()  # a stop signal abandons this report; `snapshot` is the last one
                         with signals.held():  # each report is logged, snapshotted and checkpointed whole
-                            logs.log(result)
+                            with _writing(run_dir):
+                                logs.log(result)
                             snapshot, completed = trainer.snapshot(), result["training_iteration"]
                             progress.update(result)
                             reason = stop.reason(result)
                             if reason is None and checkpoint_freq and completed % checkpoint_freq == 0:
-                                saved, saved_at = trainer.save(checkpoint_dir, snapshot=snapshot), completed
+                                saved, saved_at = _save(trainer, checkpoint_dir, snapshot, run_dir), completed
                                 progress.note(f"checkpoint: {saved}")
-            except KeyboardInterrupt:  # SIGINT or SIGTERM, through _StopSignals
-                signals.received = signals.received or signal.SIGINT
+            except KeyboardInterrupt as e:  # SIGINT or SIGTERM, through _StopSignals; or the --stop-time deadline
+                if not (isinstance(e, _Stopped) and e.signum == signal.SIGALRM):
+                    signals.received = signals.received or signal.SIGINT
+                elif reason is None:
+                    reason = (f"--stop-time {stop.time_s:g} s passed during iteration {completed + 1}, which was "
+                              f"abandoned")
+            except _WriteFailed as e:
+                write_failed = e
             with signals.held(raise_after=False):  # a second signal cannot cut the final checkpoint short
                 failed = None
                 if snapshot is not None and completed != saved_at:
                     try:
-                        saved = trainer.save(checkpoint_dir, snapshot=snapshot)
-                    except Exception as e:  # e.g. remote workers that the same signal stopped
-                        if signals.received is None:
+                        saved = _save(trainer, checkpoint_dir, snapshot, run_dir)
+                    except Exception as e:  # e.g. remote workers that the same signal stopped; a full disk
+                        if signals.received is None and write_failed is None and not isinstance(e, _WriteFailed):
                             raise
                         failed = f"{type(e).__name__}: {e}".splitlines()[0]
+                        write_failed = write_failed or (e if isinstance(e, _WriteFailed) else None)
                 if signals.received is not None:
                     if failed is not None:
                         where = f"the final checkpoint could not be written ({failed}); the last: {saved or 'none'}"
@@ -747,7 +863,14 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
     if signals.received is not None:
         _write_plot(run_dir)
         sys.exit(128 + signals.received)  # 130 for SIGINT, 143 for SIGTERM
-    assert result is not None  # the loop ran to a stop criterion
+    if write_failed is not None:
+        last = f"the last checkpoint is {saved}" if saved else "no checkpoint was written"
+        raise click.ClickException(f"{write_failed}; training stopped: the logs are whole through iteration "
+                                   f"{completed} and {last}; free space (or lift the file size limit) and "
+                                   f"continue with --resume {run_dir}")
+    if result is None:  # the --stop-time deadline passed inside the first report
+        click.echo(f"done ({reason}): no report finished, so there is no checkpoint")
+        return
     shown = (f"return {result['episode_reward_mean']:.1f}" if "episode_reward_mean" in result
              else "no episode finished")
     click.echo(f"done ({reason}): {shown} after {result['timesteps_total']} env steps and "
@@ -760,7 +883,7 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
 def _write_plot(run_dir: Path) -> None:
     try:
         click.echo(f"learning curve: {plot_progress(run_dir)}")
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # no reward yet; a full disk
         click.echo(f"no learning curve: {e}")
 
 

@@ -16,7 +16,16 @@ A run directory holds:
 - ``learning_curve.png``: :func:`plot_progress`'s plot of ``episode_reward_mean`` against
   ``timesteps_total``, with the min/max band, each policy's return in a multi-agent run, and the target
   return when one is known.
-- ``run_info.json``: the target return (``flowrl train --stop-reward``), for the plot (:func:`record_target`).
+- ``run_info.json``: the run's own record: the target return (``flowrl train --stop-reward``), for the plot
+  (:func:`record_target`), and which checkpoint is the run's latest and where its checkpoints go
+  (:func:`record_checkpoint`), so that ``flowrl evaluate RUN`` and ``--resume RUN`` take the newest branch
+  of a run that was resumed from an earlier checkpoint, not the highest number on disk.
+
+Each row reaches ``progress.csv`` and ``result.json`` whole or not at all: it is appended in one write, and a
+failed write (a full disk: ``ENOSPC``, a file size limit: ``EFBIG``) is cut back off both files before the
+error (an ``OSError`` naming the file) is raised. Rewrites (a widened header, rows dropped on resume,
+``run_info.json``) go to a file beside, which is renamed over the old one, so a crash leaves the old or the
+new file, never a mix.
 
 Examples:
     >>> import tempfile
@@ -36,7 +45,9 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import math
 import os
@@ -50,10 +61,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["RunLogger", "flatten_result", "plot_progress", "learning_curve", "record_target", "PROGRESS_CSV",
-           "RESULT_JSON", "TB_DIR", "LEARNING_CURVE", "RUN_INFO"]
+           "record_checkpoint", "recorded_checkpoint", "recorded_checkpoint_dir", "RESULT_JSON", "TB_DIR",
+           "LEARNING_CURVE", "RUN_INFO"]
 
 PROGRESS_CSV, RESULT_JSON, TB_DIR, LEARNING_CURVE = "progress.csv", "result.json", "tb", "learning_curve.png"
-RUN_INFO = "run_info.json"  # what the run aims at: {"target_return": R}, from flowrl train --stop-reward
+RUN_INFO = "run_info.json"  # the run's record: {"target_return": R, "latest_checkpoint": P, "checkpoint_dir": D}
 
 
 def flatten_result(result: Mapping[str, Any], prefix: str = "") -> dict[str, int | float]:
@@ -101,8 +113,12 @@ class RunLogger:
         run_dir: the run directory (created if missing).
         keep_through_iteration: on resume, the checkpoint's ``training_iteration``: rows and lines of
             later iterations (trained after that checkpoint and now trained again) are dropped first,
-            so every iteration is logged once. ``None`` keeps everything.
+            so every iteration is logged once; :attr:`dropped` counts them. ``None`` keeps everything.
         tensorboard: also write TensorBoard events under ``run_dir/tb``.
+
+    Attributes:
+        dropped: how many rows (of ``progress.csv``, else lines of ``result.json``) ``keep_through_iteration``
+            dropped.
     """
 
     def __init__(self, run_dir: str | Path, *, keep_through_iteration: int | None = None,
@@ -116,37 +132,44 @@ class RunLogger:
         if self.progress_csv.exists():
             with open(self.progress_csv, newline="") as f:
                 self._header = list(csv.DictReader(f).fieldnames or [])
+        self.dropped = 0
         if keep_through_iteration is not None:
-            self._truncate_after(keep_through_iteration)
+            self.dropped = self._truncate_after(keep_through_iteration)
         self._writer: Any = None
         if tensorboard:
             from tensorboardX import SummaryWriter  # imported here: it pulls in protobuf
 
             self._writer = SummaryWriter(str(self.tb_dir))
 
-    def _truncate_after(self, iteration: int) -> None:
+    def _truncate_after(self, iteration: int) -> int:
+        dropped_rows = dropped_lines = 0
         if self.progress_csv.exists():
             with open(self.progress_csv, newline="") as f:
-                rows = [row for row in csv.DictReader(f) if not _iteration(row) > iteration]
-            self._write_csv(rows)
+                rows = list(csv.DictReader(f))
+            kept_rows = [row for row in rows if not _iteration(row) > iteration]
+            dropped_rows = len(rows) - len(kept_rows)
+            if dropped_rows:
+                self._write_csv(kept_rows, self._header)
         if self.result_json.exists():
-            kept = []
-            for line in self.result_json.read_text().splitlines():
+            lines, kept = self.result_json.read_text().splitlines(), []
+            for line in lines:
                 try:
                     later = _iteration(json.loads(line)) > iteration
                 except ValueError:  # a line cut short by a crash
                     later = True
                 if not later:
                     kept.append(line + "\n")
-            _replace_text(self.result_json, "".join(kept))
+            dropped_lines = len(lines) - len(kept)
+            if dropped_lines:
+                _replace_text(self.result_json, "".join(kept))
+        return dropped_rows or dropped_lines
 
-    def _write_csv(self, rows: list[dict[str, Any]]) -> None:
-        tmp = self.progress_csv.with_name(f".{PROGRESS_CSV}.tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, self._header, restval="", extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self.progress_csv)
+    def _write_csv(self, rows: list[dict[str, Any]], header: list[str]) -> None:
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, header, restval="", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        _replace_text(self.progress_csv, text.getvalue())
 
     def log(self, result: Mapping[str, Any]) -> None:
         """Appends one result to ``progress.csv``, ``result.json`` and the TensorBoard events."""
@@ -158,12 +181,12 @@ class RunLogger:
             if self.progress_csv.exists():
                 with open(self.progress_csv, newline="") as f:
                     rows = list(csv.DictReader(f))
+            self._write_csv(rows, self._header + new_keys)  # widened once per new key, never narrowed
             self._header += new_keys
-            self._write_csv(rows)  # widened once per new key, never narrowed
-        with open(self.progress_csv, "a", newline="") as f:
-            csv.DictWriter(f, self._header, restval="", extrasaction="ignore").writerow(flat)
-        with open(self.result_json, "a") as f:
-            f.write(json.dumps(result, default=_json_default) + "\n")
+        row = io.StringIO(newline="")
+        csv.DictWriter(row, self._header, restval="", extrasaction="ignore").writerow(flat)
+        _append_whole([(self.progress_csv, row.getvalue()),
+                       (self.result_json, json.dumps(result, default=_json_default) + "\n")])
         if self._writer is not None:
             step = int(result.get("timesteps_total", result.get("training_iteration", 0)))
             for key, value in flat.items():
@@ -186,9 +209,53 @@ class RunLogger:
 
 
 def _replace_text(path: Path, text: str) -> None:
+    """Replaces ``path``'s content atomically: written (and fsynced) beside it, then renamed over it; a failed
+    write removes the file beside and leaves ``path`` as it was.
+
+    Raises:
+        OSError: the write failed (e.g. a full disk), naming ``path``.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(text.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _append_whole(parts: list[tuple[Path, str]]) -> None:
+    """Appends each text to its file, all or none: a failed or interrupted write cuts every file back to its
+    size before, so no file ends in half a row and no file holds a row the others lack.
+
+    Raises:
+        OSError: a write failed (e.g. a full disk), naming the file.
+    """
+    done: list[tuple[Any, int]] = []
+    try:
+        for path, text in parts:
+            f = open(path, "ab", buffering=0)
+            done.append((f, f.seek(0, os.SEEK_END)))
+            data = memoryview(text.encode())
+            try:
+                while data:
+                    data = data[f.write(data) or 0:]
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(path)) from e
+    except BaseException:
+        for f, size in done:
+            with contextlib.suppress(OSError):  # shrinking a file does not need free space
+                f.truncate(size)
+        raise
+    finally:
+        for f, _ in done:
+            f.close()
 
 
 def _column(rows: list[dict[str, str]], key: str) -> np.ndarray:
@@ -209,23 +276,99 @@ def _progress_csv(run_dir: str | Path) -> Path:
     return csv_path
 
 
+def _run_info(run_dir: Path) -> dict[str, Any]:
+    """``run_dir/run_info.json`` (``{}`` when there is none).
+
+    Raises:
+        ValueError: it is not a JSON object (the message names the file and the fix).
+    """
+    path = run_dir / RUN_INFO
+    if not path.is_file():
+        return {}
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is unreadable ({e}); delete it to let flowrl pick the highest-numbered "
+                         f"checkpoint_* of the run") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} holds {type(info).__name__}, not a JSON object; delete it to let flowrl pick "
+                         f"the highest-numbered checkpoint_* of the run")
+    return info
+
+
+def _update_run_info(run_dir: Path, **entries: Any) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _replace_text(run_dir / RUN_INFO, json.dumps({**_run_info(run_dir), **entries}) + "\n")
+
+
+def _relative_to(path: Path, run_dir: Path) -> str:
+    """``path`` relative to ``run_dir`` when inside it (a moved run directory keeps its record), else absolute."""
+    path, run_dir = Path(os.path.abspath(path)), Path(os.path.abspath(run_dir))
+    return str(path.relative_to(run_dir)) if path.is_relative_to(run_dir) else str(path)
+
+
 def record_target(run_dir: str | Path, target: float | None) -> None:
     """Records the return a run aims at (``flowrl train --stop-reward``) in ``run_dir/run_info.json``, so that
     :func:`plot_progress` draws it later too; ``None`` keeps what an earlier run recorded."""
     if target is None:
         return
-    path = Path(run_dir) / RUN_INFO
-    info = json.loads(path.read_text()) if path.is_file() else {}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**info, "target_return": float(target)}) + "\n")
+    _update_run_info(Path(run_dir), target_return=float(target))
 
 
 def _recorded_target(run_dir: Path) -> float | None:
-    path = run_dir / RUN_INFO
-    if not path.is_file():
-        return None
-    value = json.loads(path.read_text()).get("target_return")
+    value = _run_info(run_dir).get("target_return")
     return None if value is None else float(value)
+
+
+def record_checkpoint(run_dir: str | Path, checkpoint: str | Path, *, checkpoint_dir: str | Path) -> None:
+    """Records ``checkpoint`` as the run's latest, and ``checkpoint_dir`` as where the run writes its
+    checkpoints, in ``run_dir/run_info.json`` (rewritten atomically).
+
+    ``flowrl train`` records every checkpoint it writes, and, on ``--resume``, the checkpoint it resumes
+    from before anything else: the run's newest branch starts there, even while older checkpoints with
+    higher numbers (of the abandoned branch) are still on disk.
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     record_checkpoint(d, Path(d) / "checkpoints" / "checkpoint_000005",
+        ...                       checkpoint_dir=Path(d) / "checkpoints")
+        ...     latest, folder = recorded_checkpoint(d), recorded_checkpoint_dir(d)
+        ...     (latest.parent.name, latest.name), folder == Path(d) / "checkpoints"
+        (('checkpoints', 'checkpoint_000005'), True)
+    """
+    run_dir = Path(run_dir)
+    _update_run_info(run_dir, latest_checkpoint=_relative_to(Path(checkpoint), run_dir),
+                     checkpoint_dir=_relative_to(Path(checkpoint_dir), run_dir))
+
+
+def _recorded_path(run_dir: Path, key: str) -> Path | None:
+    value = _run_info(run_dir).get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{run_dir / RUN_INFO}: {key} is {value!r}, not a path; delete the file to let flowrl "
+                         f"pick the highest-numbered checkpoint_* of the run")
+    return run_dir / value  # an absolute value stays absolute
+
+
+def recorded_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint :func:`record_checkpoint` last recorded as ``run_dir``'s latest; ``None`` without a record
+    (a run of an older flowrl, or one that has written no checkpoint yet).
+
+    Raises:
+        ValueError: an unreadable ``run_info.json`` (the message names it).
+    """
+    return _recorded_path(Path(run_dir), "latest_checkpoint")
+
+
+def recorded_checkpoint_dir(run_dir: str | Path) -> Path | None:
+    """Where ``run_dir``'s checkpoints go, as :func:`record_checkpoint` recorded it; ``None`` without a record.
+
+    Raises:
+        ValueError: an unreadable ``run_info.json`` (the message names it).
+    """
+    return _recorded_path(Path(run_dir), "checkpoint_dir")
 
 
 def learning_curve(run_dir: str | Path, *, target: float | None = None) -> Figure:
