@@ -183,29 +183,47 @@ class RunLogger:
                     rows = list(csv.DictReader(f))
             self._write_csv(rows, self._header + new_keys)  # widened once per new key, never narrowed
             self._header += new_keys
+        if self._writer is not None:  # first: a row in the files means its events were written too
+            step = int(result.get("timesteps_total", result.get("training_iteration", 0)))
+            try:
+                for key, value in flat.items():
+                    if math.isfinite(value):  # a nan/inf (a diverged loss) stays in the CSV and JSON; TensorBoard
+                        self._writer.add_scalar(key, value, global_step=step)  # would only warn about it
+                self._writer.flush()
+            except OSError as e:
+                _abandon(self._writer)
+                self._writer = None
+                raise OSError(e.errno, e.strerror, str(self.tb_dir)) from e
         row = io.StringIO(newline="")
         csv.DictWriter(row, self._header, restval="", extrasaction="ignore").writerow(flat)
         _append_whole([(self.progress_csv, row.getvalue()),
                        (self.result_json, json.dumps(result, default=_json_default) + "\n")])
-        if self._writer is not None:
-            step = int(result.get("timesteps_total", result.get("training_iteration", 0)))
-            for key, value in flat.items():
-                if math.isfinite(value):  # a nan/inf (a diverged loss) stays in the CSV and JSON; TensorBoard
-                    self._writer.add_scalar(key, value, global_step=step)  # would only warn about it
-            self._writer.flush()
 
     def close(self) -> None:
-        """Closes the TensorBoard writer (the CSV and JSON files are closed after every write)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Closes the TensorBoard writer (the CSV and JSON files are closed after every write).
+
+        Raises:
+            OSError: its last events could not be written (naming ``tb/``).
+        """
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError as e:
+                _abandon(writer)
+                raise OSError(e.errno, e.strerror, str(self.tb_dir)) from e
 
     def __enter__(self) -> RunLogger:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.close()
+        try:
+            self.close()
+        except OSError:
+            if exc is None:
+                raise
+            # else the error that ends the block is the one to report (often the same full disk)
 
 
 def _replace_text(path: Path, text: str) -> None:
@@ -228,6 +246,32 @@ def _replace_text(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class _DroppedEvents:
+    """Stands in for the event file of a TensorBoard writer given up by :func:`_abandon`: writes nothing."""
+
+    def write_event(self, event: Any) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+
+def _abandon(writer: Any) -> None:
+    """Gives up a ``tensorboardX.SummaryWriter`` whose write failed (a full disk). Left alone, tensorboardX would
+    retry the write when closed and again at exit, and its writer thread would fail at exit, each time printing a
+    traceback after flowrl's one-line error; so (through tensorboardX internals, each looked up with a default)
+    its writer thread drops what is still queued and stops, and its event writers are marked closed."""
+    for file_writer in (getattr(writer, "all_writers", None) or {}).values():
+        events = getattr(file_writer, "event_writer", None)
+        worker = getattr(events, "_worker", None)
+        if worker is not None and hasattr(worker, "_record_writer") and callable(getattr(worker, "stop", None)):
+            worker._record_writer = _DroppedEvents()
+            with contextlib.suppress(Exception):
+                worker.stop()
+        if events is not None and hasattr(events, "_closed"):
+            events._closed = True
 
 
 def _append_whole(parts: list[tuple[Path, str]]) -> None:

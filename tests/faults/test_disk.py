@@ -127,3 +127,31 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_the_previous_checkpoint_sta
     header, rows, results = read_logs(run_dir)
     assert [r[header.index("training_iteration")] for r in rows] == ["1", "2", "3"]
     assert [r["training_iteration"] for r in results] == [1, 2, 3]
+
+
+def test_flowrl_train_under_a_file_size_limit_ends_with_one_line_and_whole_logs(tmp_path: Path) -> None:
+    import resource
+
+    def limit_file_sizes() -> None:  # in the child only: every file it writes stays under 16 kB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, resource.RLIM_INFINITY))
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FLOWRL_ROOT), os.environ.get("PYTHONPATH", "")]),
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "flowrl", *PG, "--stop-iters", "1000", "--checkpoint-freq", "1",
+                           "--log-dir", str(run_dir)], env=env, capture_output=True, text=True, timeout=240,
+                          preexec_fn=limit_file_sizes)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    error = [line for line in output.splitlines() if line.startswith("Error: ")]
+    assert len(error) == 1 and "File too large (EFBIG); training stopped: the logs are whole through iteration" \
+        in error[0], output
+    assert "Traceback" not in output and "Exception" not in output
+    header, rows, results = read_logs(run_dir)
+    assert all(len(r) == len(header) for r in rows)
+    logged = [int(r[header.index("training_iteration")]) for r in rows]
+    assert logged == [r["training_iteration"] for r in results] == list(range(1, len(rows) + 1))
+    assert f"whole through iteration {logged[-1]} and the last checkpoint is " in error[0]
+    latest = find_checkpoint(run_dir)
+    assert read_checkpoint(latest, algorithm="pg")["trainer"]["training_iteration"] == logged[-1]
