@@ -19,8 +19,15 @@ validation runs. Every mistake is a usage error (exit code 2) that names the key
 Ray or any worker starts.
 
 A run directory (``runs/<algo>_<env>_<YYYYmmdd-HHMMSS>`` unless ``--log-dir``) holds ``progress.csv``,
-``result.json``, TensorBoard events under ``tb/`` (:mod:`flowrl.logger`), ``checkpoints/`` and
-``learning_curve.png``.
+``result.json``, TensorBoard events under ``tb/`` (:mod:`flowrl.logger`), ``checkpoints/``,
+``learning_curve.png`` and ``run_info.json``, the run's record of its latest checkpoint.
+
+Resuming a run from an earlier checkpoint starts a new branch of it: the checkpoint becomes the run's
+recorded latest, the log rows past it are dropped (once, with a line saying so), and ``--resume RUN`` and
+``flowrl evaluate RUN`` later take the newest branch's latest checkpoint, not the abandoned branch's
+higher-numbered ones. A run's rows are dropped only when that run itself is resumed: ``--log-dir`` naming
+another run's directory is refused. A write that fails (a full disk) ends training with one line naming the
+path; the logs stay whole through their last row and the last checkpoint stays restorable.
 
 Examples:
     >>> from click.testing import CliRunner
@@ -430,7 +437,7 @@ class _Progress:
 # -- paths --------------------------------------------------------------------------------------
 
 def _find_checkpoint(path: Path, param_hint: str) -> Path:
-    """``path`` if it is a checkpoint, else the latest ``checkpoint_*`` in it or in its ``checkpoints/``."""
+    """``path`` if it is a checkpoint, else the run's latest in it (:func:`flowrl._checkpoint.find_checkpoint`)."""
     from flowrl._checkpoint import find_checkpoint
 
     try:
@@ -494,7 +501,8 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--checkpoint-freq", type=click.IntRange(min=0), default=10, show_default=True,
               help="Checkpoint every K iterations (0: only at the end); one is always written at the end.")
 @click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Continue from a checkpoint (or the latest checkpoint_* in a directory or run dir).")
+              help="Continue from a checkpoint, or from a run dir's latest (as its run_info.json records it; "
+                   "else its highest-numbered checkpoint_*).")
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path),
               help="The run directory (default: runs/<algo>_<env>_<time>; on resume, the resumed run's).")
 @click.option("--seed", type=click.IntRange(min=0), help="The config's seed (same as --config seed=S).")
@@ -510,7 +518,11 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
 
     Logs go to the run directory (progress.csv, result.json, tb/), checkpoints to RUN_DIR/checkpoints,
     and the learning curve to RUN_DIR/learning_curve.png. With --resume, the checkpoint's saved config is
-    used; --env, --config and --seed may only repeat its values.
+    used; --env, --config and --seed may only repeat its values. Resuming an earlier checkpoint of a run makes it
+    the run's latest and drops the log rows past it (saying so); --log-dir may not name another run's directory.
+
+    Ctrl-C or SIGTERM abandons the report in progress, checkpoints the last finished one and exits with 130 or
+    143; a full disk ends training with one line naming the path, the logs whole and the last checkpoint intact.
     """
     stop = StopCriteria(reward=stop_reward, timesteps=stop_timesteps, time_s=stop_time, iters=stop_iters)
     if stop.empty:
@@ -902,8 +914,9 @@ def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: 
     """Report the mean (min, max) return of a checkpoint's policy over complete episodes; for a multi-agent
     checkpoint, also each policy's (the mean return of the agents it plays).
 
-    CHECKPOINT is a checkpoint directory, or a directory (a run dir or its checkpoints/) whose latest
-    checkpoint_* is taken. The policies are loaded without Ray or rollout workers.
+    CHECKPOINT is a checkpoint directory, or a run dir (or its checkpoints/) whose latest checkpoint is taken: the
+    one its run_info.json records, else the highest-numbered checkpoint_*. The policies are loaded without Ray or
+    rollout workers.
     """
     from flowrl.evaluation import RenderError, evaluate_checkpoint
 

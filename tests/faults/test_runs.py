@@ -8,6 +8,8 @@ import csv
 import json
 import os
 import shutil
+import signal
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +169,41 @@ def test_stop_time_abandons_a_report_still_running_at_the_deadline(tmp_path: Pat
     assert "done (--stop-time 0.5 s passed during iteration 1, which was abandoned): no report finished, so there " \
            "is no checkpoint" in result.output
     assert not (tmp_path / "run" / "progress.csv").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def tb_steps(tb_dir: Path, tag: str) -> list[int]:
+    """The steps of ``tag``'s scalars in the TensorBoard event files (TFRecord framing: length, its CRC, data, its
+    CRC)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    steps = []
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            steps += [event.step for value in event.summary.value if value.tag == tag]
+    return steps
+
+
+def test_sigterm_leaves_every_log_whole_and_closed_and_exits_143(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrl.trainer import Trainer
+
+    train, calls = Trainer.train, []
+
+    def terminated_in_the_third_report(self: Trainer) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGTERM)  # docker stop, Kubernetes, a batch scheduler
+        return train(self)
+
+    monkeypatch.setattr(Trainer, "train", terminated_in_the_third_report)
+    run_dir = tmp_path / "run"
+    result = invoke(*PG, "--stop-iters", 10, "--checkpoint-freq", 0, "--log-dir", run_dir)
+    assert result.exit_code == 143, result.output  # 128 + SIGTERM: stopped, not failed
+    assert "stopped by SIGTERM after iteration 2; the final checkpoint is" in result.output
+    assert iterations(run_dir) == ([1, 2], [1, 2])
+    assert tb_steps(run_dir / "tb", "training_iteration") == [200, 400]  # TensorBoard flushed and closed
+    assert find_checkpoint(run_dir) == run_dir / "checkpoints" / "checkpoint_000002"
