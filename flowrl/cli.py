@@ -881,7 +881,8 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
                                    f"{completed} and {last}; free space (or lift the file size limit) and "
                                    f"continue with --resume {run_dir}")
     if result is None:  # the --stop-time deadline passed inside the first report
-        click.echo(f"done ({reason}): no report finished, so there is no checkpoint")
+        click.echo(f"done ({reason}): no report finished; " + (f"the checkpoint is still {saved}" if saved else
+                                                               "so there is no checkpoint"))
         return
     shown = (f"return {result['episode_reward_mean']:.1f}" if "episode_reward_mean" in result
              else "no episode finished")

@@ -183,7 +183,7 @@ class RunLogger:
                     rows = list(csv.DictReader(f))
             self._write_csv(rows, self._header + new_keys)  # widened once per new key, never narrowed
             self._header += new_keys
-        if self._writer is not None:  # first: a row in the files means its events were written too
+        if self._writer is not None:  # first: a TensorBoard write that fails leaves no row of this result
             step = int(result.get("timesteps_total", result.get("training_iteration", 0)))
             try:
                 for key, value in flat.items():

@@ -166,7 +166,7 @@ def test_stop_time_abandons_a_report_still_running_at_the_deadline(tmp_path: Pat
     result = invoke("train", "pg", "--config", "train_batch_size=20000", "--config", "num_workers=0",
                     "--stop-time", 0.5, "--log-dir", tmp_path / "run")
     assert result.exit_code == 0, result.output
-    assert "done (--stop-time 0.5 s passed during iteration 1, which was abandoned): no report finished, so there " \
+    assert "done (--stop-time 0.5 s passed during iteration 1, which was abandoned): no report finished; so there " \
            "is no checkpoint" in result.output
     assert not (tmp_path / "run" / "progress.csv").exists() and not (tmp_path / "run" / "checkpoints").exists()
 
