@@ -34,13 +34,17 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+if sys.platform != "win32":
+    import fcntl
 
 __all__ = ["FORMAT_VERSION", "write_checkpoint", "read_checkpoint", "checkpoint_algorithm", "find_checkpoint",
            "sweep_checkpoint_dir", "check_tree", "restoring", "check_env_named"]
@@ -188,6 +192,28 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def _locked(directory: Path, *, wait: bool) -> Iterator[bool]:
+    """Holds an exclusive advisory lock (``flock``) on ``directory`` while the block runs, and says whether it
+    got it: without ``wait``, ``False`` when another process holds it. A save holds its temporary directory
+    and the checkpoint it moves aside, so that a sweep in another process (a resume, a restore) leaves a save
+    in progress alone; the lock ends with the process, so a killed save's leftovers are free. (No locking on
+    Windows: there, the block always runs.)"""
+    if sys.platform == "win32":
+        yield True
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 def _holds_only_checkpoint_files(path: Path) -> bool:
     """Whether ``path`` is a real directory holding nothing but files a checkpoint is made of."""
     try:
@@ -204,7 +230,7 @@ def sweep_checkpoint_dir(directory: Path | str) -> list[str]:
     back to ``<name>`` when no ``<name>`` exists (the new one never arrived), and deleted when one does; a
     temporary directory is deleted. Only directories named like that and holding nothing but a checkpoint's
     files (or nothing: a save killed before it wrote one) are touched: nothing else in ``directory`` (the
-    user's files) ever is.
+    user's files) ever is, nor are the directories of a save still running in another process.
 
     Examples:
         >>> import tempfile
@@ -231,14 +257,17 @@ def sweep_checkpoint_dir(directory: Path | str) -> list[str]:
         match = _TEMPORARY.fullmatch(path.name)
         if match is None or not _holds_only_checkpoint_files(path):
             continue
-        final = directory / match["name"]
-        if match["old"] and not final.exists() and (path / _MANIFEST).is_file():
-            os.replace(path, final)
-            _fsync_dir(directory)
-            done.append(f"recovered: {final} (its replacement was killed before it was written)")
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-            done.append(f"deleted: {path} (left by a killed save)")
+        with _locked(path, wait=False) as free:
+            if not free:
+                continue  # a save in progress in another process
+            final = directory / match["name"]
+            if match["old"] and not final.exists() and (path / _MANIFEST).is_file():
+                os.replace(path, final)
+                _fsync_dir(directory)
+                done.append(f"recovered: {final} (its replacement was killed before it was written)")
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                done.append(f"deleted: {path} (left by a killed save)")
     return done
 
 
@@ -259,7 +288,9 @@ def write_checkpoint(directory: Path, name: str, tree: Any, *, algorithm: str) -
     final = directory / name
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=directory))
     old: Path | None = None
+    locks = ExitStack()
     try:
+        locks.enter_context(_locked(tmp, wait=True))
         arrays: dict[str, np.ndarray] = {}
         tree_bytes = json.dumps(_encode(tree, arrays)).encode()
         _write_synced(tmp / _TREE, lambda f: f.write(tree_bytes))
@@ -270,6 +301,7 @@ def write_checkpoint(directory: Path, name: str, tree: Any, *, algorithm: str) -
         _write_synced(tmp / _MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
         _fsync_dir(tmp)
         if final.exists():
+            locks.enter_context(_locked(final, wait=True))  # held by it while it is aside
             old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=directory))
             os.replace(final, old)  # onto the empty directory mkdtemp made
         os.replace(tmp, final)
@@ -280,9 +312,11 @@ def write_checkpoint(directory: Path, name: str, tree: Any, *, algorithm: str) -
         elif old is not None:
             shutil.rmtree(old, ignore_errors=True)  # (made, but the previous checkpoint was not moved yet)
         shutil.rmtree(tmp, ignore_errors=True)
+        locks.close()
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    locks.close()
     return final
 
 

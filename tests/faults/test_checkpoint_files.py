@@ -171,6 +171,27 @@ def test_killed_saves_leave_debris_that_the_next_save_sweeps_and_the_users_files
     assert all(path.read_text() == "the user's" for path in mine)
 
 
+@pytest.mark.parametrize("during", ["fsync", "replace"])  # while writing; while the previous one is aside
+def test_a_sweep_from_another_resume_or_restore_leaves_a_save_in_progress_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, during: str) -> None:
+    write_checkpoint(tmp_path, NAME, OLD, algorithm="pg")
+    real = getattr(os, during)
+    swept: list[list[str]] = []
+
+    def and_a_sweep(*args: Any) -> Any:
+        out = real(*args)
+        if not swept:
+            swept.append(sweep_checkpoint_dir(tmp_path))  # as a resume in another process would, right now
+        return out
+
+    monkeypatch.setattr(os, during, and_a_sweep)
+    write_checkpoint(tmp_path, NAME, NEW, algorithm="pg")
+    monkeypatch.undo()
+    assert swept == [[]]
+    assert complete_checkpoints(tmp_path) == {NAME: 2}
+    assert [p.name for p in tmp_path.iterdir()] == [NAME]
+
+
 def test_resume_puts_back_a_checkpoint_that_a_killed_save_left_aside(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["train", "pg", "--config", "num_workers=0", "--config", "train_batch_size=50", "--seed", "0",
