@@ -415,8 +415,8 @@ def _load_arrays(file: Path) -> dict[str, np.ndarray]:
 
 
 def check_tree(tree: Any, checkpoint: Path | str, required: Mapping[str, type | tuple[type, ...]]) -> None:
-    """Checks that ``tree`` (read from ``checkpoint``) holds each dotted key of ``required`` with a value of
-    its type (a bool is not an int here), before any of it is restored.
+    """Checks that ``tree`` (read from ``checkpoint``) is a dict holding each dotted key of ``required`` with a
+    value of its type (a bool is not an int here), before any of it is restored.
 
     Examples:
         >>> check_tree({"trainer": {"training_iteration": "x"}}, "ckpt", {"trainer.training_iteration": int})
@@ -428,6 +428,9 @@ def check_tree(tree: Any, checkpoint: Path | str, required: Mapping[str, type | 
         ValueError: a missing key, or a value of another type, naming the file and the key.
     """
     file = Path(checkpoint) / _TREE
+    if not isinstance(tree, dict):
+        raise ValueError(f"{file} holds a {type(tree).__name__}, where flowrl writes a dict; the checkpoint is "
+                         f"malformed or was not written by Trainer.save")
     for dotted, kinds in required.items():
         value, parts = tree, dotted.split(".")
         for i, part in enumerate(parts):

@@ -161,12 +161,18 @@ def _read(checkpoint: Path) -> tuple[Algorithm, TrainerConfig, dict[str, Any]]:
                          f"({sorted(ALGORITHMS)}); build its policy and restore it with policy.set_state(...)")
     algorithm = get_algorithm(name)
     tree = read_checkpoint(checkpoint, algorithm=algorithm.name)
+    check_tree(tree, checkpoint, {})
     data = tree.get("config")
     if data is None:
         raise ValueError(f"{checkpoint} holds no config (it was written before checkpoints stored theirs); build "
                          f"its policy with its config and restore it with policy.set_state(...)")
-    check_tree(tree, checkpoint, {"local_worker.policies": dict})
-    return algorithm, _policy_config(algorithm, data, checkpoint), dict(tree["local_worker"]["policies"])
+    check_tree(tree, checkpoint, {"config": dict, "local_worker.policies": dict})
+    try:
+        config = _policy_config(algorithm, data, checkpoint)
+    except (KeyError, AttributeError, TypeError) as e:  # a crafted config
+        raise ValueError(f"{checkpoint}: its config is malformed ({e!r:.200}); the checkpoint was not written by "
+                         f"Trainer.save") from e
+    return algorithm, config, dict(tree["local_worker"]["policies"])
 
 
 def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Path) -> TrainerConfig:

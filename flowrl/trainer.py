@@ -87,14 +87,19 @@ def load_checkpoint_config(checkpoint_path: str | Path, *,
                          f"({sorted(ALGORITHMS)}); restore it from Python with Trainer(<its Algorithm>, "
                          f"config).restore(path)")
     algorithm = get_algorithm(name)
-    saved = read_checkpoint(path, algorithm=algorithm.name).get("config")
-    if saved is None:
+    tree = read_checkpoint(path, algorithm=algorithm.name)
+    check_tree(tree, path, {})
+    if tree.get("config") is None:
         raise ValueError(f"{path} holds no config (it was written before checkpoints stored theirs); restore it "
                          f"from Python with Trainer({name!r}, <its config>).restore(path)")
+    check_tree(tree, path, {"config": dict})
     try:
-        config = config_from_data(algorithm.config_class, saved)
+        config = config_from_data(algorithm.config_class, tree["config"])
     except (ValueError, TypeError) as e:
         raise ValueError(f"checkpoint {path}: {e}") from e
+    except (KeyError, AttributeError) as e:  # a crafted config
+        raise ValueError(f"{path}: its config is malformed ({e!r:.200}); the checkpoint was not written by "
+                         f"Trainer.save") from e
     check_env_named(path, config.env, env)
     return algorithm, config
 

@@ -333,6 +333,21 @@ def test_malformed_trees_are_one_value_error_naming_the_file_and_key(crafted: Pa
     assert str(crafted / "state.json") in str(raised.value)
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda t: [t], r"state\.json holds a list, where flowrl writes a dict"),
+    (lambda t: {**t, "config": [1]}, r"state\.json: config is \[1\] of type list"),
+    (lambda t: {**t, "config": {k: v for k, v in t["config"].items() if k != "fields"}},
+     r"its config is malformed \(KeyError\('fields'\)\)"),
+], ids=["a list", "config a list", "config without fields"])
+def test_a_malformed_tree_or_config_is_refused_before_a_trainer_or_policy_is_built(
+        crafted: Path, edit: Callable[[Any], Any], message: str) -> None:
+    edit_tree(crafted, edit)
+    for read in (load_checkpoint_config, load):
+        with pytest.raises(ValueError, match=message) as raised:
+            read(crafted)
+        assert str(crafted) in str(raised.value)
+
+
 def test_load_refuses_a_checkpoint_without_policies_naming_the_key(crafted: Path) -> None:
     edit_tree(crafted, lambda t: {**t, "local_worker": {}})
     with pytest.raises(ValueError, match=r"state\.json lacks the key local_worker\.policies"):
