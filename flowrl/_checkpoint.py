@@ -184,7 +184,10 @@ def _write_synced(path: Path, write: Any) -> None:
 
 
 def _fsync_dir(directory: Path) -> None:
-    """Flushes ``directory``'s entries (the names created or renamed in it) to the disk."""
+    """Flushes ``directory``'s entries (the names created or renamed in it) to the disk (not on Windows, where
+    a directory cannot be opened to fsync it)."""
+    if sys.platform == "win32":
+        return
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -257,17 +260,20 @@ def sweep_checkpoint_dir(directory: Path | str) -> list[str]:
         match = _TEMPORARY.fullmatch(path.name)
         if match is None or not _holds_only_checkpoint_files(path):
             continue
-        with _locked(path, wait=False) as free:
-            if not free:
-                continue  # a save in progress in another process
-            final = directory / match["name"]
-            if match["old"] and not final.exists() and (path / _MANIFEST).is_file():
-                os.replace(path, final)
-                _fsync_dir(directory)
-                done.append(f"recovered: {final} (its replacement was killed before it was written)")
-            else:
-                shutil.rmtree(path, ignore_errors=True)
-                done.append(f"deleted: {path} (left by a killed save)")
+        try:
+            with _locked(path, wait=False) as free:
+                if not free:
+                    continue  # a save in progress in another process
+                final = directory / match["name"]
+                if match["old"] and not final.exists() and (path / _MANIFEST).is_file():
+                    os.replace(path, final)
+                    _fsync_dir(directory)
+                    done.append(f"recovered: {final} (its replacement was killed before it was written)")
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+                    done.append(f"deleted: {path} (left by a killed save)")
+        except OSError as e:  # e.g. a read-only checkpoint directory: restoring from it must still work
+            done.append(f"left: {path}, which a killed save left, could not be cleaned up ({e.strerror})")
     return done
 
 

@@ -192,6 +192,23 @@ def test_a_sweep_from_another_resume_or_restore_leaves_a_save_in_progress_alone(
     assert [p.name for p in tmp_path.iterdir()] == [NAME]
 
 
+def test_a_sweep_that_cannot_change_the_directory_says_so_and_does_not_raise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_checkpoint(tmp_path, NAME, OLD, algorithm="pg")
+    aside = tmp_path / f".{NAME}.old.abcd1234"
+    os.replace(tmp_path / NAME, aside)
+
+    def read_only(src: Any, dst: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", read_only)  # a read-only checkpoint directory (root ignores chmod)
+    assert sweep_checkpoint_dir(tmp_path) == [f"left: {aside}, which a killed save left, could not be cleaned up "
+                                              f"(Permission denied)"]
+    monkeypatch.undo()
+    assert sweep_checkpoint_dir(tmp_path) == [f"recovered: {tmp_path / NAME} (its replacement was killed before "
+                                              f"it was written)"]
+
+
 def test_resume_puts_back_a_checkpoint_that_a_killed_save_left_aside(tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["train", "pg", "--config", "num_workers=0", "--config", "train_batch_size=50", "--seed", "0",
