@@ -112,6 +112,43 @@ def test_a_replacement_killed_at_any_step_leaves_one_complete_checkpoint_that_th
     assert seen == {(True, 1), (False, 1), (True, 2)}  # incl. the instant between the two renames
 
 
+def test_a_replacement_that_fails_at_any_step_keeps_one_complete_checkpoint_and_no_debris(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing fsync or rename (EIO, ENOSPC) at each step in turn: the error reaches the caller, and the
+    directory holds only the checkpoint, complete: the previous one, or the new one once it was published."""
+    calls: list[str] = []
+    fail_at: list[int] = []
+    real = {name: getattr(os, name) for name in ("fsync", "replace")}
+
+    def failing(name: str) -> Callable[..., Any]:
+        def step(*args: Any) -> Any:
+            calls.append(name)
+            if len(calls) in fail_at:
+                raise OSError(5, "Input/output error")
+            return real[name](*args)
+        return step
+
+    for name in real:
+        monkeypatch.setattr(os, name, failing(name))
+    write_checkpoint(tmp_path / "count", NAME, OLD, algorithm="pg")
+    first = len(calls)
+    write_checkpoint(tmp_path / "count", NAME, NEW, algorithm="pg")
+    steps = len(calls) - first  # a replacement's fsyncs and renames
+    assert steps >= 7
+    outcomes = set()
+    for step in range(1, steps + 1):
+        directory = tmp_path / f"fail_{step}"
+        calls.clear()
+        fail_at[:] = []
+        write_checkpoint(directory, NAME, OLD, algorithm="pg")
+        fail_at[:] = [len(calls) + step]
+        with pytest.raises(OSError, match="Input/output error"):
+            write_checkpoint(directory, NAME, NEW, algorithm="pg")
+        assert [p.name for p in directory.iterdir()] == [NAME], step
+        outcomes.add(read_checkpoint(directory / NAME, algorithm="pg")["step"])
+    assert outcomes == {1, 2}  # failed before the publishing rename; after it (the directory's fsync)
+
+
 KILLED_SAVE = """
 import os, signal, sys
 from pathlib import Path
