@@ -110,9 +110,11 @@ def _decode(value: Any, arrays: Mapping[str, np.ndarray], file: Path, key: str =
             out = {}
             for i, (k, v) in enumerate(items):
                 dict_key = _decode(k, arrays, file, f"{key}.__items__[{i}]", depth + 1)
-                if not isinstance(dict_key, (str, int, float, bool, tuple)) and dict_key is not None:
+                try:
+                    hash(dict_key)
+                except TypeError:
                     raise ValueError(f"{file}: {key}.__items__[{i}] has a key of type {type(dict_key).__name__}, "
-                                     f"which no dict flowrl writes has; the checkpoint is malformed")
+                                     f"which no dict can have; the checkpoint is malformed") from None
                 out[dict_key] = _decode(v, arrays, file, f"{key}[{dict_key!r:.40}]", depth + 1)
             return out
         if "__tuple__" in value:

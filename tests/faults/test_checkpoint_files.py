@@ -352,14 +352,18 @@ def test_a_deeply_nested_tree_is_a_value_error_naming_the_file(crafted: Path, de
         read_checkpoint(crafted, algorithm="pg")
 
 
-def test_malformed_item_lists_are_refused_naming_the_key(crafted: Path) -> None:
+@pytest.mark.parametrize(("items", "message"), [
+    ([[0]], r"\.__items__ is not a list of \[key, value\] pairs"),
+    ([[{"__tuple__": [[1]]}, 0]], r"\.__items__\[0\] has a key of type tuple, which no dict can have"),
+])
+def test_malformed_item_lists_are_refused_naming_the_key(crafted: Path, items: Any, message: str) -> None:
     def malform(tree: Any) -> Any:
-        tree["local_worker"]["policies"]["default_policy"]["optimizer"]["state"] = {"__items__": [[0]]}
+        tree["local_worker"]["policies"]["default_policy"]["optimizer"]["state"] = {"__items__": items}
         return tree
 
     edit_tree(crafted, malform)
     with pytest.raises(ValueError, match=r"state\.json: local_worker\.policies\.default_policy\.optimizer\.state"
-                                         r"\.__items__ is not a list of \[key, value\] pairs"):
+                                         + message):
         read_checkpoint(crafted, algorithm="pg")
 
 
