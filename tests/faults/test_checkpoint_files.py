@@ -459,7 +459,8 @@ def test_files_that_are_no_regular_files_are_refused_without_reading_them(pg_che
     cases = []
     for name, make in [("zero", lambda p: p.symlink_to("/dev/zero")), ("fifo", os.mkfifo), ("dir", os.mkdir)]:
         for file in ("manifest.json", "state.json"):
-            case = Path(shutil.copytree(pg_checkpoint, tmp_path / f"{'tree' if file == 'state.json' else 'man'}_{name}"))
+            prefix = "tree" if file == "state.json" else "man"
+            case = Path(shutil.copytree(pg_checkpoint, tmp_path / f"{prefix}_{name}"))
             (case / file).unlink()
             make(case / file)
             cases.append(case)
