@@ -21,10 +21,11 @@ __all__ = ["runtime", "LocalIterator", "ParallelIterator", "MetricsContext",
 __version__ = "0.1.0"
 
 
-def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu") -> TrainedPolicy:
+def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu",
+         env: str | None = None) -> TrainedPolicy:
     """A trained policy from a checkpoint (or a run directory's latest), built without Ray or workers, with
     ``compute_single_action(obs, explore=False)`` and ``compute_actions(obs_batch, explore=False)``:
     :func:`flowrl.inference.load` (imported on first use, so ``import flowrl`` stays light)."""
     from flowrl.inference import load as load_policy
 
-    return load_policy(path, policy_id, device=device)
+    return load_policy(path, policy_id, device=device, env=env)

@@ -487,7 +487,9 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 
 @main.command()
 @click.argument("algo", callback=_algorithm_arg)
-@click.option("--env", help="gymnasium env id (default: the config's env).")
+@click.option("--env", help="gymnasium env id (default: the config's env). With --resume, the checkpoint's env named "
+                            "again: needed when it is 'module:Id', since nothing in a checkpoint may make flowrl "
+                            "import a module.")
 @click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
               help="Set a config field (repeatable): lr=3e-4, model.hidden_sizes=32,32, grad_clip=none.")
 @click.option("--stop-reward", type=float, help="Stop when episode_reward_mean reaches this.")
@@ -578,6 +580,11 @@ def _config_and_checkpoint(algorithm: Algorithm, items: Sequence[str],
             return build_config(algorithm.config_class, items), None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="'--config'") from None
+    from flowrl._checkpoint import sweep_checkpoint_dir
+
+    for folder in (resume, resume / "checkpoints"):  # a checkpoint a killed save left aside is put back first
+        for line in sweep_checkpoint_dir(folder):
+            click.echo(line, err=True)
     checkpoint = _find_checkpoint(resume, "'--resume'")
     return _resume_config(checkpoint, algorithm, overrides, items), checkpoint
 
@@ -592,7 +599,8 @@ def _resume_config(checkpoint: Path, algorithm: Algorithm, overrides: Sequence[t
         if owner.lower() != algorithm.name:
             raise ValueError(f"{checkpoint} is a checkpoint of {owner!r}, not {algorithm.name!r}; run "
                              f"`flowrl train {owner} --resume {checkpoint} ...`")
-        _, config = load_checkpoint_config(checkpoint)
+        named_env = next((value for path, value in overrides if path == ("env",)), None)  # --env or --config env=
+        _, config = load_checkpoint_config(checkpoint, env=named_env)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="'--resume'") from None
     _check_resume_agrees(config, overrides, items)
@@ -675,7 +683,9 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
                            f"cluster; set --config num_workers=N to choose", err=True)
                 config = dataclasses.replace(config, num_workers=fitted)
     try:
-        return Trainer.from_checkpoint(checkpoint) if checkpoint is not None else Trainer(algorithm, config)
+        if checkpoint is not None:  # `config` is the checkpoint's, its env already named as _resume_config asks
+            return Trainer.from_checkpoint(checkpoint, env=config.env if isinstance(config.env, str) else None)
+        return Trainer(algorithm, config)
     except ValueError as e:  # an unknown env id, GPUs or workers the machine cannot hold
         raise click.UsageError(str(e)) from None
 
@@ -911,7 +921,10 @@ def _write_plot(run_dir: Path) -> None:
 @click.option("--video", "video_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Record each episode as an mp4 into this folder (render_mode=rgb_array; needs moviepy: "
                    'pip install "flowrl[video]").')
-def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: bool, video_dir: Path | None) -> None:
+@click.option("--env", help="The checkpoint's env id, named again; needed when it is 'module:Id', since nothing in "
+                            "a checkpoint may make flowrl import a module.")
+def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: bool, video_dir: Path | None,
+             env: str | None) -> None:
     """Report the mean (min, max) return of a checkpoint's policy over complete episodes; for a multi-agent
     checkpoint, also each policy's (the mean return of the agents it plays).
 
@@ -926,7 +939,7 @@ def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: 
     path = _find_checkpoint(checkpoint, "'CHECKPOINT'")
     try:
         result = evaluate_checkpoint(path, episodes=episodes, explore=explore, seed=seed, render=render,
-                                     video_dir=video_dir)
+                                     video_dir=video_dir, env=env)
     except RenderError as e:
         raise click.BadParameter(str(e), param_hint="'--video'" if video_dir is not None else "'--render'") from None
     except ImportError as e:

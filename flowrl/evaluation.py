@@ -222,7 +222,7 @@ def _rendering(env: EnvSpec, mode: RenderMode, video_dir: Path | None,
 
 def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: bool = False,
                         seed: int | None = 0, render: bool = False,
-                        video_dir: str | Path | None = None) -> EvaluationResult:
+                        video_dir: str | Path | None = None, env: str | None = None) -> EvaluationResult:
     """Rebuilds a checkpoint's policies (:func:`flowrl.inference.load_policies`: the algorithm's policy
     classes with the saved config and state, on the CPU, without Ray) and evaluates them on the config's
     env with :func:`evaluate_policy`, or :func:`evaluate_multi_agent` for a multi-agent config.
@@ -237,11 +237,13 @@ def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: 
         video_dir: record each episode into this folder as an mp4 (gymnasium's ``RecordVideo`` with
             ``render_mode="rgb_array"``; needs moviepy: ``pip install "flowrl[video]"``), one episode after
             another.
+        env: the checkpoint's env id, named again: needed for a ``"module:Id"`` env, as nothing in a checkpoint
+            may make flowrl import code (see :func:`flowrl.trainer.load_checkpoint_config`).
 
     Raises:
         ValueError: as :func:`flowrl.trainer.load_checkpoint_config` (a config whose env is a callable cannot
-            be rebuilt: evaluate from Python with :func:`flowrl.inference.load` and your env), or
-            ``episodes < 1``.
+            be rebuilt: evaluate from Python with :func:`flowrl.inference.load` and your env; a ``"module:Id"``
+            env that ``env`` does not name), or ``episodes < 1``.
         RenderError: ``render`` or ``video_dir`` with an env that cannot render in that mode, or a multi-agent env.
         ImportError: ``video_dir`` without moviepy installed.
     """
@@ -249,8 +251,8 @@ def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: 
     from flowrl.trainer import load_checkpoint_config
 
     _check_episodes(episodes)
-    algorithm, config = load_checkpoint_config(checkpoint_path)
-    policies = {pid: trained.policy for pid, trained in load_policies(checkpoint_path).items()}
+    algorithm, config = load_checkpoint_config(checkpoint_path, env=env)
+    policies = {pid: trained.policy for pid, trained in load_policies(checkpoint_path, env=env).items()}
     mode: RenderMode | None = "rgb_array" if video_dir is not None else "human" if render else None
     num_envs = 1 if mode is not None else min(episodes, MAX_EVAL_ENVS)
     if config.policies is not None:
@@ -268,9 +270,9 @@ def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: 
             ma_env.close()
     video = Path(video_dir) if video_dir is not None else None
     env_spec: EnvSpec = config.env if mode is None else _rendering(config.env, mode, video, episodes)
-    env = VectorEnv(env_spec, num_envs, seed=seed, config=config.env_config,
-                    backend="loop" if mode is not None else "auto")
+    vector_env = VectorEnv(env_spec, num_envs, seed=seed, config=config.env_config,
+                           backend="loop" if mode is not None else "auto")
     try:
-        return evaluate_policy(policies[DEFAULT_POLICY_ID], env, episodes=episodes, explore=explore)
+        return evaluate_policy(policies[DEFAULT_POLICY_ID], vector_env, episodes=episodes, explore=explore)
     finally:
-        env.close()
+        vector_env.close()

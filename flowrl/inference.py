@@ -5,7 +5,8 @@ config as data, so :func:`load` rebuilds the algorithm's policy class with the s
 unless asked otherwise), restores its saved state (weights, exploration step, sampling RNG) and wraps it in
 a :class:`TrainedPolicy`, which acts greedily unless told to explore. Nothing starts Ray, a rollout worker
 or a trainer, and no env is built, so a checkpoint whose env was a callable loads too. A checkpoint written
-before checkpoints held the spaces builds the config's env once to read them.
+before checkpoints held the spaces builds the config's env once to read them (for a ``"module:Id"`` env,
+only when the caller names it: ``env=``, as nothing in a checkpoint may make flowrl import code).
 
 Examples:
     >>> import tempfile
@@ -39,7 +40,8 @@ from typing import Any, Mapping
 import gymnasium as gym
 import numpy as np
 
-from flowrl._checkpoint import checkpoint_algorithm, find_checkpoint, read_checkpoint
+from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorithm, find_checkpoint, read_checkpoint,
+                                restoring)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import PolicyConfig, TrainerConfig, config_from_data
 from flowrl.policy import Policy, space_from_data
@@ -103,7 +105,8 @@ class TrainedPolicy:
         return int(action) if isinstance(self.action_space, gym.spaces.Discrete) else action
 
 
-def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu") -> TrainedPolicy:
+def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu",
+         env: str | None = None) -> TrainedPolicy:
     """The policy ``policy_id`` of a checkpoint, built without Ray, workers or a trainer.
 
     Args:
@@ -111,11 +114,14 @@ def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu")
             ``checkpoint_*`` is taken.
         policy_id: which policy of a multi-agent checkpoint; ``None`` for a single-agent one.
         device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+        env: the checkpoint's env id, named again; needed only to load a checkpoint without saved spaces
+            whose env is ``"module:Id"`` (its env is built to find the spaces, which imports ``module``).
 
     Raises:
         ValueError: no checkpoint at ``path``, a checkpoint of an unregistered algorithm, one without a
             config, or one whose config cannot be rebuilt (see :func:`load_policies`); a missing
-            ``policy_id`` (the message lists the checkpoint's ids).
+            ``policy_id`` (the message lists the checkpoint's ids); a malformed checkpoint or one of another
+            model size (naming the file and the key).
     """
     checkpoint = find_checkpoint(path)
     algorithm, config, saved = _read(checkpoint)
@@ -125,10 +131,10 @@ def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu")
         given = "no policy_id" if policy_id is None else f"policy_id={policy_id!r}"
         raise ValueError(f"{checkpoint} holds the policies {ids}; {given} names one of them: pass policy_id="
                          f"{ids[0]!r}, say, or load them all with flowrl.inference.load_policies(path)")
-    return _build(algorithm, config, checkpoint, wanted, saved[wanted], device)
+    return _build(algorithm, config, checkpoint, wanted, saved[wanted], device, env)
 
 
-def load_policies(path: str | Path, *, device: str = "cpu") -> dict[str, TrainedPolicy]:
+def load_policies(path: str | Path, *, device: str = "cpu", env: str | None = None) -> dict[str, TrainedPolicy]:
     """Every policy of a checkpoint by id (one, ``"default_policy"``, for a single-agent algorithm), as
     :func:`load` builds them.
 
@@ -143,7 +149,8 @@ def load_policies(path: str | Path, *, device: str = "cpu") -> dict[str, Trained
     """
     checkpoint = find_checkpoint(path)
     algorithm, config, saved = _read(checkpoint)
-    return {pid: _build(algorithm, config, checkpoint, pid, state, device) for pid, state in sorted(saved.items())}
+    return {pid: _build(algorithm, config, checkpoint, pid, state, device, env)
+            for pid, state in sorted(saved.items())}
 
 
 def _read(checkpoint: Path) -> tuple[Algorithm, TrainerConfig, dict[str, Any]]:
@@ -154,11 +161,18 @@ def _read(checkpoint: Path) -> tuple[Algorithm, TrainerConfig, dict[str, Any]]:
                          f"({sorted(ALGORITHMS)}); build its policy and restore it with policy.set_state(...)")
     algorithm = get_algorithm(name)
     tree = read_checkpoint(checkpoint, algorithm=algorithm.name)
+    check_tree(tree, checkpoint, {})
     data = tree.get("config")
     if data is None:
         raise ValueError(f"{checkpoint} holds no config (it was written before checkpoints stored theirs); build "
                          f"its policy with its config and restore it with policy.set_state(...)")
-    return algorithm, _policy_config(algorithm, data, checkpoint), dict(tree["local_worker"]["policies"])
+    check_tree(tree, checkpoint, {"config": dict, "local_worker.policies": dict})
+    try:
+        config = _policy_config(algorithm, data, checkpoint)
+    except (KeyError, AttributeError, TypeError) as e:  # a crafted config
+        raise ValueError(f"{checkpoint}: its config is malformed ({e!r:.200}); the checkpoint was not written by "
+                         f"Trainer.save") from e
+    return algorithm, config, dict(tree["local_worker"]["policies"])
 
 
 def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Path) -> TrainerConfig:
@@ -179,19 +193,24 @@ def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Pa
 
 
 def _build(algorithm: Algorithm, config: TrainerConfig, checkpoint: Path, policy_id: str, state: Mapping[str, Any],
-           device: str) -> TrainedPolicy:
+           device: str, env: str | None) -> TrainedPolicy:
     policy_class: type[Policy] = algorithm.policy_class
     policy_config: PolicyConfig = config
     if config.policies is not None:
         spec = config.policies[policy_id]
         policy_class, policy_config = spec.policy_class or policy_class, spec.config or config
-    spaces = state.get("spaces")
-    if spaces is not None and spaces["observation"] is not None and spaces["action"] is not None:
-        obs_space, action_space = space_from_data(spaces["observation"]), space_from_data(spaces["action"])
-    else:
+    key = f"local_worker.policies.{policy_id}"
+    with restoring(checkpoint, f"{key}.spaces"):
+        spaces = state.get("spaces") or {}
+        saved_spaces = spaces.get("observation") is not None and spaces.get("action") is not None
+        if saved_spaces:
+            obs_space, action_space = space_from_data(spaces["observation"]), space_from_data(spaces["action"])
+    if not saved_spaces:
+        check_env_named(checkpoint, config.env, env)  # building the env would import a "module:Id" env
         obs_space, action_space = _spaces_from_env(algorithm, config, policy_id)
     policy = policy_class(obs_space, action_space, dataclasses.replace(policy_config, device=device))
-    policy.set_state(state)
+    with restoring(checkpoint, key):
+        policy.set_state(state)
     return TrainedPolicy(policy, policy_id=policy_id, algorithm=algorithm.name, checkpoint=checkpoint)
 
 

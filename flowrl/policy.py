@@ -304,6 +304,12 @@ class Policy:
             missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
             raise ValueError(f"set_weights: names differ from this model's (missing {missing}, unexpected "
                              f"{unexpected}); weights must come from a policy with the same ModelConfig and spaces")
+        for name, tensor in expected.items():
+            given = np.shape(weights[name])
+            if given != tuple(tensor.shape):
+                raise ValueError(f"set_weights: layer {name!r} has shape {given} in the given weights and "
+                                 f"{tuple(tensor.shape)} in this model; weights must come from a policy with the same "
+                                 f"ModelConfig (hidden_sizes) and spaces")
         # np.array copies: arrays from Ray's object store are read-only
         self.model.load_state_dict({k: torch.as_tensor(np.array(v), device=self.device) for k, v in weights.items()})
 
@@ -320,11 +326,31 @@ class Policy:
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`get_state` output (its spaces are not read: the policy keeps its own)."""
         self.set_weights(state["weights"])
+        self._check_optimizer_state(state["optimizer"])
         self.optimizer.load_state_dict(_to_torch_tree(state["optimizer"]))
         self.generator.set_state(torch.from_numpy(np.array(state["torch_rng"], dtype=np.uint8)))  # a writable copy
         self.np_random.bit_generator.state = state["numpy_rng"]
         self.act_random.bit_generator.state = state["act_rng"]
         self.global_timestep = int(state["global_timestep"])
+
+    def _check_optimizer_state(self, saved: Mapping[str, Any]) -> None:
+        """Refuses a saved optimizer state whose per-parameter tensors (Adam's moments, say) have other shapes
+        than this policy's parameters, which ``Optimizer.load_state_dict`` would accept and the next step
+        would fail on (or broadcast)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        for index, entry in dict(saved.get("state", {})).items():
+            if not isinstance(index, int) or not 0 <= index < len(params):
+                raise ValueError(f"set_state: the optimizer state names parameter {index!r}, and this policy's "
+                                 f"optimizer has {len(params)}; the state must come from a policy with the same model")
+            param = params[index]
+            for key, value in dict(entry).items():
+                shape = np.shape(value)
+                if shape and shape != tuple(param.shape):
+                    raise ValueError(f"set_state: the optimizer's {key!r} for layer "
+                                     f"{names.get(id(param), index)!r} has shape {shape} in the given state and "
+                                     f"{tuple(param.shape)} in this model; the state must come from a policy with "
+                                     f"the same ModelConfig (hidden_sizes) and spaces")
 
     def on_global_var_update(self, global_vars: Mapping[str, Any]) -> None:
         """Receives ``{"timestep": ...}`` with every weight broadcast (schedules read it)."""

@@ -35,7 +35,8 @@ from typing import Any
 import ray
 
 from flowrl import profiling, runtime
-from flowrl._checkpoint import checkpoint_algorithm, read_checkpoint, write_checkpoint
+from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorithm, read_checkpoint, restoring,
+                                sweep_checkpoint_dir, write_checkpoint)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import TrainerConfig, config_from_data, config_to_data
 from flowrl.iter import LocalIterator
@@ -48,6 +49,12 @@ __all__ = ["Trainer", "load_checkpoint_config"]
 logger = logging.getLogger(__name__)
 
 
+#: What :meth:`Trainer.restore` needs a checkpoint's tree to hold, checked before any of it is restored.
+_CHECKPOINT_TREE: dict[str, type | tuple[type, ...]] = {
+    "local_worker": dict, "local_worker.policies": dict, "remote_workers": list, "metrics": dict,
+    "trainer.training_iteration": int, "trainer.time_total_s": (int, float), "trainer.episodes_total": int}
+
+
 def _worker_died(error: BaseException) -> bool:
     """Whether ``error`` (or an error it was raised from) is the death of an actor, not a user error."""
     seen: BaseException | None = error
@@ -58,13 +65,20 @@ def _worker_died(error: BaseException) -> bool:
     return False
 
 
-def load_checkpoint_config(checkpoint_path: str | Path) -> tuple[Algorithm, TrainerConfig]:
+def load_checkpoint_config(checkpoint_path: str | Path, *,
+                           env: str | None = None) -> tuple[Algorithm, TrainerConfig]:
     """The registered algorithm and the config that a :meth:`Trainer.save` checkpoint was written with.
+
+    Args:
+        checkpoint_path: the checkpoint.
+        env: the checkpoint's env id, named again by the caller. Needed when that id is ``"module:Id"``:
+            building the env imports ``module``, and nothing in a checkpoint alone may make flowrl import code.
 
     Raises:
         ValueError: not a checkpoint, a checkpoint of an unregistered algorithm, one written before
             checkpoints held their config, or one whose config holds a callable (an env callable, a
-            custom hook) that data cannot rebuild; the message says how to restore it from Python.
+            custom hook) that data cannot rebuild (the message says how to restore it from Python); a
+            ``"module:Id"`` env that ``env`` does not name, or an ``env`` other than the saved one.
     """
     path = Path(checkpoint_path)
     name = checkpoint_algorithm(path)
@@ -73,14 +87,20 @@ def load_checkpoint_config(checkpoint_path: str | Path) -> tuple[Algorithm, Trai
                          f"({sorted(ALGORITHMS)}); restore it from Python with Trainer(<its Algorithm>, "
                          f"config).restore(path)")
     algorithm = get_algorithm(name)
-    saved = read_checkpoint(path, algorithm=algorithm.name).get("config")
-    if saved is None:
+    tree = read_checkpoint(path, algorithm=algorithm.name)
+    check_tree(tree, path, {})
+    if tree.get("config") is None:
         raise ValueError(f"{path} holds no config (it was written before checkpoints stored theirs); restore it "
                          f"from Python with Trainer({name!r}, <its config>).restore(path)")
+    check_tree(tree, path, {"config": dict})
     try:
-        config = config_from_data(algorithm.config_class, saved)
+        config = config_from_data(algorithm.config_class, tree["config"])
     except (ValueError, TypeError) as e:
         raise ValueError(f"checkpoint {path}: {e}") from e
+    except (KeyError, AttributeError) as e:  # a crafted config
+        raise ValueError(f"{path}: its config is malformed ({e!r:.200}); the checkpoint was not written by "
+                         f"Trainer.save") from e
+    check_env_named(path, config.env, env)
     return algorithm, config
 
 
@@ -123,13 +143,16 @@ class Trainer:
             raise
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_path: str | Path) -> Trainer:
+    def from_checkpoint(cls, checkpoint_path: str | Path, *, env: str | None = None) -> Trainer:
         """A trainer of the checkpoint's registered algorithm and saved config, restored from it.
+
+        ``env`` names the checkpoint's env again: needed for a ``"module:Id"`` env (see
+        :func:`load_checkpoint_config`).
 
         Raises:
             ValueError: as :func:`load_checkpoint_config` and :meth:`restore`.
         """
-        algorithm, config = load_checkpoint_config(checkpoint_path)
+        algorithm, config = load_checkpoint_config(checkpoint_path, env=env)
         trainer = cls(algorithm, config)
         try:
             trainer.restore(checkpoint_path)
@@ -273,21 +296,31 @@ class Trainer:
         episode statistics go on from the saved ones), and the trainer counters.
 
         Raises:
-            ValueError: another algorithm's checkpoint, a newer format, or a truncated or altered file.
+            ValueError: another algorithm's checkpoint, a newer format, a truncated or altered file, or one whose
+                content does not fit this trainer (a missing key, a value of the wrong type, weights of another
+                model size), naming the file and the key.
         """
-        state = read_checkpoint(checkpoint_path, algorithm=self.algorithm.name)
-        self.workers.local_worker().set_state(state["local_worker"])
+        path = Path(checkpoint_path)
+        for line in sweep_checkpoint_dir(path.parent):  # a checkpoint a killed save left aside is put back
+            logger.warning("%s", line)
+        state = read_checkpoint(path, algorithm=self.algorithm.name)
+        check_tree(state, path, _CHECKPOINT_TREE)
+        with restoring(path, "local_worker"):
+            self.workers.local_worker().set_state(state["local_worker"])
         remote, saved = self.workers.remote_workers(), state["remote_workers"]
         if remote:
             self.workers.sync_weights()  # one put of the restored weights for everyone
             if len(saved) != len(remote):
                 logger.warning("the checkpoint holds %d remote worker states for %d workers; restoring the first "
                                "%d", len(saved), len(remote), min(len(saved), len(remote)))
-            ray.get([w.set_state.remote(s) for w, s in zip(remote, saved)])
-        self._plan.metrics.restore(state["metrics"])
+            with restoring(path, "remote_workers"):
+                ray.get([w.set_state.remote(s) for w, s in zip(remote, saved)])
+        with restoring(path, "metrics"):
+            self._plan.metrics.restore(state["metrics"])
         for name, obj in self._checkpointed_state().items():
             if name in state.get("owned_state", {}):
-                obj.set_state(state["owned_state"][name])
+                with restoring(path, f"owned_state.{name}"):
+                    obj.set_state(state["owned_state"][name])
         trainer = state["trainer"]
         self.training_iteration = int(trainer["training_iteration"])
         self.time_total_s = float(trainer["time_total_s"])
