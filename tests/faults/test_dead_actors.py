@@ -106,10 +106,11 @@ def test_ignoring_worker_failures_never_drops_a_replay_shard() -> None:
 # -- item 17: a hung env.step -------------------------------------------------------------------------------
 
 def _pg(**settings: Any) -> PGConfig:
-    """One remote worker, 10 steps per train() call; its env hangs at its 15th step (in the second call)."""
+    """One remote worker, 10 steps per train() call; its env hangs at its 15th step (in the second call). The
+    timeout covers sampling only (a gather waits for its actors to start before it sends a request)."""
     env_config = {"length": 20, "hang_at": 15, **settings.pop("env_config", {})}
     return PGConfig(seed=0, env=make_env, env_config=env_config, num_workers=1, num_cpus_per_worker=0.5,
-                    rollout_fragment_length=10, train_batch_size=10, timesteps_per_iteration=0, sample_timeout_s=1,
+                    rollout_fragment_length=10, train_batch_size=10, timesteps_per_iteration=0, sample_timeout_s=2,
                     **settings)
 
 
@@ -118,7 +119,7 @@ def test_a_hung_env_step_is_a_timeout_error_naming_the_worker() -> None:
     try:
         trainer.train()  # steps 1-10
         with pytest.raises(TimeoutError, match=r"remote worker 1 of 1 delivered no sample within "
-                                               r"sample_timeout_s=1 s.*raise sample_timeout_s"):
+                                               r"sample_timeout_s=2 s.*raise sample_timeout_s"):
             trainer.train()  # step 15 hangs: before the fix, train() never returned
     finally:
         trainer.stop()
