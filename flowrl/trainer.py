@@ -59,6 +59,14 @@ def _worker_died(error: BaseException) -> bool:
     return False
 
 
+def _shard_timeout(error: BaseException) -> ShardTimeoutError | None:
+    """The :class:`~flowrl.iter.ShardTimeoutError` that ``error`` is, or was raised from; ``None`` if none."""
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, ShardTimeoutError):
+        seen = seen.__cause__
+    return seen
+
+
 def load_checkpoint_config(checkpoint_path: str | Path) -> tuple[Algorithm, TrainerConfig]:
     """The registered algorithm and the config that a :meth:`Trainer.save` checkpoint was written with.
 
@@ -192,12 +200,13 @@ class Trainer:
             try:
                 result = dict(next(self._plan))
                 break
-            except ShardTimeoutError as error:
-                self._replace_hung_worker(error, hung)
             except Exception as error:
-                if not _worker_died(error):
+                if (timeout := _shard_timeout(error)) is not None:
+                    self._replace_hung_worker(timeout, hung)
+                elif _worker_died(error):
+                    unexplained = self._replace_dead_actors(error, unexplained)
+                else:
                     raise
-                unexplained = self._replace_dead_actors(error, unexplained)
         self.training_iteration += 1
         elapsed = time.monotonic() - start
         self.time_total_s += elapsed

@@ -125,6 +125,18 @@ def test_a_hung_env_step_is_a_timeout_error_naming_the_worker() -> None:
         trainer.stop()
 
 
+def test_a_hung_env_step_in_an_async_plan_is_named_too() -> None:
+    """Ape-X polls its rollouts without blocking while it replays and learns: the timeout still fires."""
+    config = _apex(num_workers=1, num_cpus_per_worker=0.5, env=make_env, env_config={"length": 20, "hang_at": 5},
+                   sample_timeout_s=2, recreate_failed_workers=False)
+    trainer = Trainer("apex", config)
+    try:
+        with pytest.raises(TimeoutError, match=r"remote worker 1 of 1 delivered no sample within sample_timeout_s=2"):
+            trainer.train()
+    finally:
+        trainer.stop()
+
+
 def test_a_hung_worker_is_replaced_when_recreation_is_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     marker = tmp_path / "hung-once"
     trainer = Trainer("pg", _pg(env_config={"marker": str(marker)}))
