@@ -172,6 +172,13 @@ class RolloutConfig(PolicyConfig):
             it (the ``weights_version`` column, so learners measure staleness) and send that version with their
             weights, and the :class:`~flowrl.trainer.Trainer` profiles its plan per operator
             (:mod:`flowrl.profiling`) and puts the profile in ``result["profile"]``. Off: none of it runs.
+        sample_timeout_s: the longest the driver waits for one sample request to a remote worker (600 s; a
+            request may first wait for the requests sent to that worker before it), so that an ``env.step``
+            that hangs ends in an error naming the worker instead of a silent hang; the
+            :class:`~flowrl.trainer.Trainer` replaces that worker when ``recreate_failed_workers`` is on, and
+            raises otherwise. ``None`` waits forever. It does not apply to the local worker: with
+            ``num_workers=0`` the driver samples itself, and nothing can interrupt an ``env.step`` hanging in
+            the driver.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -187,6 +194,7 @@ class RolloutConfig(PolicyConfig):
     policy_mapping_fn: Callable[[str], str] | Mapping[str, str] | None = None
     policies_to_train: tuple[str, ...] | None = None
     profile: bool = False
+    sample_timeout_s: float | None = 600.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -205,6 +213,11 @@ class RolloutConfig(PolicyConfig):
             unknown = sorted(set(self.policies_to_train) - known)
             if unknown:
                 raise ValueError(f"policies_to_train names unknown policies {unknown}; known: {sorted(known)}")
+        timeout = self.sample_timeout_s
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or
+                                    not 0 < timeout < float("inf")):
+            raise ValueError(f"sample_timeout_s={timeout!r} must be a finite number of seconds > 0 (how long the "
+                             f"driver waits for a remote worker's sample), or None to wait forever")
         for name in ("rollout_fragment_length", "num_envs_per_worker"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

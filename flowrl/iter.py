@@ -40,7 +40,7 @@ import ray  # noqa: E402,I001  (flowrl.runtime sets Ray's loopback variable befo
 from ray import cloudpickle
 
 __all__ = [
-    "LocalIterator", "ParallelIterator", "ParallelIteratorWorker", "RetryLater",
+    "LocalIterator", "ParallelIterator", "ParallelIteratorWorker", "RetryLater", "ShardTimeoutError",
     "from_items", "from_range", "from_iterators", "from_actors", "get_metrics", "get_shard_worker",
     "MetricsContext", "Timer",
 ]
@@ -178,11 +178,28 @@ def _check_concurrency(max_concurrency: int) -> None:
                          f"(1 runs the function in this process; k > 1 runs k Ray tasks at once)")
 
 
-def _check_gather_args(num_async: int, batch_ms: float) -> None:
+def _check_gather_args(num_async: int, batch_ms: float, timeout_s: float | None = None) -> None:
     if not isinstance(num_async, int) or num_async < 1:
         raise ValueError(f"num_async={num_async!r} must be an int >= 1 (requests in flight per shard)")
     if not isinstance(batch_ms, (int, float)) or batch_ms < 0:
         raise ValueError(f"batch_ms={batch_ms!r} must be >= 0 (0: one item per request)")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or
+                                  not 0 < timeout_s < math.inf):
+        raise ValueError(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0, or None to wait forever")
+
+
+class ShardTimeoutError(TimeoutError):
+    """A gather built with ``timeout_s`` waited that long for a shard that delivered nothing.
+
+    Attributes:
+        actor: the shard's actor handle (a remote rollout worker, for ``ParallelRollouts``).
+        shard_index: its position among the gather's shards.
+        timeout_s: the gather's ``timeout_s``.
+    """
+
+    def __init__(self, message: str, *, actor: Any, shard_index: int, timeout_s: float) -> None:
+        super().__init__(message)
+        self.actor, self.shard_index, self.timeout_s = actor, shard_index, timeout_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1011,10 +1028,17 @@ _ACTIVE_GATHERS: weakref.WeakValueDictionary[str, _GatherSource] = weakref.WeakV
 
 
 class _GatherSource(_Puller):
-    def __init__(self, pi: ParallelIterator[Any]) -> None:
+    def __init__(self, pi: ParallelIterator[Any], timeout_s: float | None = None) -> None:
         self.name, self.pairs = repr(pi), pi._pairs()
         self.generation: str | None = None
         self.superseded = False
+        self.timeout_s = timeout_s
+
+    def _timed_out(self, actor: Any) -> ShardTimeoutError:
+        index = next(i for i, (a, _) in enumerate(self.pairs) if a == actor)
+        return ShardTimeoutError(f"{self.name}: shard {index} delivered nothing for {self.timeout_s:g} s "
+                                 f"(timeout_s={self.timeout_s:g})", actor=actor, shard_index=index,
+                                 timeout_s=float(self.timeout_s or 0))
 
     def _init(self) -> None:
         self.generation = _new_generation()
@@ -1035,11 +1059,28 @@ class _GatherSource(_Puller):
 class _BarrierSource(_GatherSource):
     """batch_across_shards: one request per live shard per round, lists in shard order, no prefetch."""
 
-    def __init__(self, pi: ParallelIterator[Any], ctx: MetricsContext) -> None:
-        super().__init__(pi)
+    def __init__(self, pi: ParallelIterator[Any], ctx: MetricsContext, timeout_s: float | None = None) -> None:
+        super().__init__(pi, timeout_s)
         self.ctx = ctx
         self.round: list[Any] | None = None
+        self.round_deadline = math.inf
         self.active = [a for a, _ in self.pairs]
+
+    def _wait_round(self, block: bool) -> bool:
+        """Whether every request of the round is done; raises when ``timeout_s`` passed with one still out."""
+        assert self.round is not None
+        if block and self.timeout_s is None:
+            return True  # the caller's ray.get waits
+        while True:
+            timeout = max(0.0, self.round_deadline - time.monotonic()) if block else 0
+            ready, _ = ray.wait(self.round, num_returns=len(self.round), timeout=timeout)
+            if len(ready) == len(self.round):
+                return True
+            if time.monotonic() >= self.round_deadline:
+                done = set(ready)
+                raise self._timed_out(next(a for a, ref in zip(self.active, self.round) if ref not in done))
+            if not block:
+                return False
 
     def pull(self, block: bool) -> Any:
         if self.generation is None:
@@ -1050,7 +1091,9 @@ class _BarrierSource(_GatherSource):
                 if not self.active:
                     return _END
                 self.round = [a.par_iter_next.remote() for a in self.active]
-            if not block and len(ray.wait(self.round, num_returns=len(self.round), timeout=0)[0]) < len(self.round):
+                if self.timeout_s is not None:
+                    self.round_deadline = time.monotonic() + self.timeout_s
+            if not self._wait_round(block):
                 return _NOT_READY
             results, self.round = [_from_wire(r) for r in ray.get(self.round)], None
             items = [r for r in results if not isinstance(r, _ShardStatus)]
@@ -1064,10 +1107,11 @@ class _AsyncSource(_GatherSource):
     """gather_async / get_shard: <= num_async requests per shard, resubmitted before yielding."""
 
     def __init__(self, pi: ParallelIterator[Any], ctx: MetricsContext, num_async: int, batch_ms: float,
-                 in_order: bool = False) -> None:
-        super().__init__(pi)
+                 in_order: bool = False, timeout_s: float | None = None) -> None:
+        super().__init__(pi, timeout_s)
         self.ctx, self.num_async, self.batch_ms, self.in_order = ctx, num_async, batch_ms, in_order
         self.refs: dict[Any, Any] = {}  # outstanding ref -> actor, in submission order
+        self.submitted: dict[Any, float] = {}  # outstanding ref -> when it was submitted (with timeout_s only)
         self.done: deque[tuple[Any, Any]] = deque()  # (actor, result) completed, not yet processed
         self.items: deque[tuple[Any, Any]] = deque()
         self.direct_waits = 0  # blocking waits since the last probe for every finished request
@@ -1075,29 +1119,54 @@ class _AsyncSource(_GatherSource):
     def _submit(self, actor: Any) -> None:
         self._check()
         if self.batch_ms > 0:
-            self.refs[actor.par_iter_next_batch.remote(self.generation, self.batch_ms)] = actor
+            ref = actor.par_iter_next_batch.remote(self.generation, self.batch_ms)
         else:  # one item per request, no arguments: the cheapest Ray call there is
-            self.refs[actor.par_iter_next.remote()] = actor
+            ref = actor.par_iter_next.remote()
+        self.refs[ref] = actor
+        if self.timeout_s is not None:
+            self.submitted[ref] = time.monotonic()
+
+    def _check_late(self, refs: list[Any], ready: list[Any]) -> None:
+        """Raises :class:`ShardTimeoutError` for the oldest request not in ``ready`` once ``timeout_s`` passed
+        since its submission (a request may wait behind its shard's earlier ones: ``refs`` is oldest first)."""
+        assert self.timeout_s is not None
+        now = time.monotonic()
+        if now < self.submitted[refs[0]] + self.timeout_s:
+            return  # not even the oldest request is late
+        done = set(ready)
+        late = next((ref for ref in refs if ref not in done), None)
+        if late is not None and now >= self.submitted[late] + self.timeout_s:
+            raise self._timed_out(self.refs[late])
 
     def _wait(self, block: bool) -> bool:
         refs = list(self.refs)
         if self.in_order:  # one shard, FIFO: only the head may complete next
             refs = refs[:1]
-        if block and 0 < self.direct_waits < len(refs):
-            # starved: the next completion (~4 us once one is done; a probe that times out costs ~80 us on Ray
-            # 2.60); a probe every len(refs) waits takes every finished request, so none is passed over for long
-            ready, _ = ray.wait(refs, num_returns=1)
-            self.direct_waits += 1
-        else:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            self.direct_waits = 0
-            if not ready:
-                if not block:
-                    return False
-                ready, _ = ray.wait(refs, num_returns=1)
-                self.direct_waits = 1
+        while True:
+            # a blocking wait ends by the oldest request's deadline (it returns nothing then, and the check raises)
+            timeout = None if self.timeout_s is None else \
+                max(0.0, self.submitted[refs[0]] + self.timeout_s - time.monotonic())
+            if block and 0 < self.direct_waits < len(refs):
+                # starved: the next completion (~4 us once one is done; a probe that times out costs ~80 us on
+                # Ray 2.60); a probe every len(refs) waits takes every finished request, so none is passed over
+                ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                self.direct_waits += 1
+            else:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                self.direct_waits = 0
+                if self.timeout_s is not None:
+                    self._check_late(refs, ready)
+                if not ready:
+                    if not block:
+                        return False
+                    ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                    self.direct_waits = 1
+            if ready:
+                break
+            self._check_late(refs, ready)  # (only with timeout_s: the blocking wait ran out)
         for ref, result in zip(ready, ray.get(ready)):
             self.done.append((self.refs.pop(ref), result))
+            self.submitted.pop(ref, None)
         return True
 
     def pull(self, block: bool) -> Any:
@@ -1263,9 +1332,14 @@ class ParallelIterator(Generic[T]):
                                 self._parents + (self,))
 
     # -- gathers -------------------------------------------------------------------------------
-    def batch_across_shards(self) -> LocalIterator[list[T]]:
-        """Lock-step rounds: one item from every live shard per pull, in shard order (a barrier)."""
-        return LocalIterator(functools.partial(_BarrierSource, self), f"{self!r}.batch_across_shards()",
+    def batch_across_shards(self, *, timeout_s: float | None = None) -> LocalIterator[list[T]]:
+        """Lock-step rounds: one item from every live shard per pull, in shard order (a barrier).
+
+        With ``timeout_s``, a round that is not complete ``timeout_s`` seconds after its requests were sent
+        raises :class:`ShardTimeoutError` naming the first shard still out (``None``: wait forever)."""
+        _check_gather_args(1, 0, timeout_s)
+        return LocalIterator(functools.partial(_BarrierSource, self, timeout_s=timeout_s),
+                             f"{self!r}.batch_across_shards()",
                              origin=_Origin("gather", "batch_across_shards", (self,)))
 
     def gather_sync(self) -> LocalIterator[T]:
@@ -1273,10 +1347,31 @@ class ParallelIterator(Generic[T]):
         return LocalIterator(lambda ctx: _Flatten(_BarrierSource(self, ctx)), f"{self!r}.gather_sync()",
                              origin=_Origin("gather", "gather_sync", (self,)))
 
-    def gather_async(self, batch_ms: float = 0, num_async: int = 1) -> LocalIterator[T]:
-        """Completion-order gather with at most ``num_async`` requests in flight per shard."""
-        _check_gather_args(num_async, batch_ms)
-        return LocalIterator(lambda ctx: _AsyncSource(self, ctx, num_async, batch_ms), f"{self!r}.gather_async()",
+    def gather_async(self, batch_ms: float = 0, num_async: int = 1, *,
+                     timeout_s: float | None = None) -> LocalIterator[T]:
+        """Completion-order gather with at most ``num_async`` requests in flight per shard.
+
+        With ``timeout_s``, a request still unanswered ``timeout_s`` seconds after it was sent raises
+        :class:`ShardTimeoutError` naming its shard (``None``: wait forever). The clock starts at submission, so
+        a request also waits out the ones sent to its shard before it: at most ``num_async`` of them.
+
+        Examples:
+            >>> import time
+            >>> def stalls():
+            ...     yield 1
+            ...     time.sleep(5)  # longer than the timeout
+            ...     yield 2
+            >>> it = from_iterators([stalls]).gather_async(timeout_s=0.5)
+            >>> next(it)
+            1
+            >>> next(it)
+            Traceback (most recent call last):
+            ...
+            flowrl.iter.ShardTimeoutError: ParallelIterator[...]: shard 0 delivered nothing for 0.5 s (timeout_s=0.5)
+        """
+        _check_gather_args(num_async, batch_ms, timeout_s)
+        return LocalIterator(lambda ctx: _AsyncSource(self, ctx, num_async, batch_ms, timeout_s=timeout_s),
+                             f"{self!r}.gather_async()",
                              origin=_Origin("gather", "gather_async", (self,), num_async=num_async, batch_ms=batch_ms))
 
     def get_shard(self, shard_index: int, batch_ms: float = 0, num_async: int = 1) -> LocalIterator[T]:

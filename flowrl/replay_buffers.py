@@ -1298,6 +1298,7 @@ _RemoteReplayActor: Any = ray.remote(ReplayActor)
 
 
 def make_replay_actors(num_actors: int, *, colocated_with_driver: bool = False,
+                       shard_indices: Sequence[int] | None = None,
                        **buffer_kwargs: Any) -> list[ActorHandle[ReplayActor]]:
     """Starts ``num_actors`` replay shards with ``num_cpus=0``, sharing ``learning_starts`` and ``capacity``.
 
@@ -1311,10 +1312,13 @@ def make_replay_actors(num_actors: int, *, colocated_with_driver: bool = False,
         num_actors: the number of shards (their ``num_shards``); >= 1.
         colocated_with_driver: pin the shards to the driver's node (Ape-X's
             ``replay_buffer_shards_colocated_with_driver``); ``False`` lets Ray place them.
+        shard_indices: start only these shards of the ``num_actors`` (each as it would be in the full set,
+            with the same seed), in this order: how a dead shard is replaced; ``None``: all of them.
         **buffer_kwargs: :class:`LocalReplayBuffer` arguments other than ``num_shards``.
 
     Raises:
-        ValueError: ``num_actors < 1``, ``num_shards`` given, or an invalid buffer argument.
+        ValueError: ``num_actors < 1``, ``num_shards`` given, a shard index outside ``range(num_actors)``, or
+            an invalid buffer argument.
 
     Examples:
         >>> [actor] = make_replay_actors(1, learning_starts=0, capacity=10, seed=0)
@@ -1328,6 +1332,9 @@ def make_replay_actors(num_actors: int, *, colocated_with_driver: bool = False,
                          f"num_shards={buffer_kwargs['num_shards']!r}")
     if not isinstance(colocated_with_driver, bool):
         raise ValueError(f"colocated_with_driver={colocated_with_driver!r} must be True or False")
+    indices = list(range(num_actors)) if shard_indices is None else list(shard_indices)
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_actors for i in indices):
+        raise ValueError(f"shard_indices={indices!r} must be shard numbers in range({num_actors}) (num_actors)")
     LocalReplayBuffer(num_shards=num_actors, **buffer_kwargs)  # validate before starting actors
     seed = buffer_kwargs.pop("seed", None)
     seeds: list[int | None] = [None] * num_actors
@@ -1340,5 +1347,5 @@ def make_replay_actors(num_actors: int, *, colocated_with_driver: bool = False,
         extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
             node_id=ray.get_runtime_context().get_node_id(), soft=False)
     options = runtime.actor_options(num_cpus=0, **extra)
-    return [_RemoteReplayActor.options(**options).remote(num_shards=num_actors, seed=s, **buffer_kwargs)
-            for s in seeds]
+    return [_RemoteReplayActor.options(**options).remote(num_shards=num_actors, seed=seeds[i], **buffer_kwargs)
+            for i in indices]

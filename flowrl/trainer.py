@@ -39,7 +39,8 @@ from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorith
                                 sweep_checkpoint_dir, write_checkpoint)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import TrainerConfig, config_from_data, config_to_data
-from flowrl.iter import LocalIterator
+from flowrl.iter import LocalIterator, ShardTimeoutError
+from flowrl.metrics import NUM_REPLAY_SHARDS_RECREATED
 from flowrl.policy import Policy
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.workers import WorkerSet
@@ -63,6 +64,14 @@ def _worker_died(error: BaseException) -> bool:
             return True
         seen = seen.__cause__
     return False
+
+
+def _shard_timeout(error: BaseException) -> ShardTimeoutError | None:
+    """The :class:`~flowrl.iter.ShardTimeoutError` that ``error`` is, or was raised from; ``None`` if none."""
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, ShardTimeoutError):
+        seen = seen.__cause__
+    return seen
 
 
 def load_checkpoint_config(checkpoint_path: str | Path, *,
@@ -192,19 +201,35 @@ class Trainer:
         """Exactly one ``next()`` of the plan, plus ``training_iteration``, ``time_this_iter_s``,
         ``time_total_s`` and ``episodes_total``; with the config's ``profile``, also ``profile``, the plan's
         per-operator profile so far (:func:`flowrl.profiling.profile_data`; a rebuilt plan starts a new one).
-        A failed remote worker is handled as the config says and the step retried."""
+
+        A failed remote worker is handled as the config says and the step retried: with
+        ``recreate_failed_workers`` it is replaced, with ``ignore_worker_failures`` dropped. So is a worker that
+        delivered no sample within ``sample_timeout_s`` (it is killed first). A trainer-owned actor that died
+        (Ape-X's replay shards) is recreated, empty, with ``recreate_failed_workers`` (counted in
+        ``info["num_replay_shards_recreated"]``); it is never dropped.
+
+        Raises:
+            TimeoutError: a remote worker delivered no sample within ``sample_timeout_s`` and neither
+                ``recreate_failed_workers`` nor ``ignore_worker_failures`` is set, or it did so again after it
+                was replaced in this call; the message names the worker and the fix.
+            RuntimeError: a replay shard died and ``recreate_failed_workers`` is off (the message names the
+                shard); a dead actor that the trainer cannot replace failed the plan twice in this call; or no
+                remote worker remains.
+        """
         start = time.monotonic()
+        hung: set[int] = set()  # the workers replaced in this call for delivering no sample in time
+        unexplained = False  # a recovery in this call found no failed worker or shard
         while True:
             try:
                 result = dict(next(self._plan))
                 break
             except Exception as error:
-                if not _worker_died(error) or not (self.config.recreate_failed_workers or
-                                                   self.config.ignore_worker_failures):
+                if (timeout := _shard_timeout(error)) is not None:
+                    self._replace_hung_worker(timeout, hung)
+                elif _worker_died(error):
+                    unexplained = self._replace_dead_actors(error, unexplained)
+                else:
                     raise
-                logger.warning("a remote worker died (%s); %s it and rebuilding the plan", error,
-                               "recreating" if self.config.recreate_failed_workers else "dropping")
-                self._recover()
         self.training_iteration += 1
         elapsed = time.monotonic() - start
         self.time_total_s += elapsed
@@ -215,8 +240,59 @@ class Trainer:
             result["profile"] = profiling.profile_data(self._plan)
         return result
 
-    def _recover(self) -> None:
+    def _owned_actors(self) -> dict[str, Any]:
+        """The trainer-owned state made of actors that can be health-checked and recreated (replay shards)."""
+        return {name: obj for name, obj in getattr(self, "owned_state", {}).items()
+                if callable(getattr(obj, "check_health", None)) and callable(getattr(obj, "recreate", None))}
+
+    def _replace_hung_worker(self, error: ShardTimeoutError, hung: set[int]) -> None:
+        """Kills and replaces (or drops) the remote worker that ``error`` names, or raises a ``TimeoutError``
+        naming it."""
+        remote = self.workers.remote_workers()
+        position = next((i for i, w in enumerate(remote) if w == error.actor), None)
+        if position is None:
+            raise error  # not a rollout worker's sample (a gather the plan made over other actors)
+        what = (f"remote worker {position + 1} of {len(remote)} delivered no sample within sample_timeout_s="
+                f"{error.timeout_s:g} s (its env.step or policy hangs, or is that slow)")
+        fix = "raise sample_timeout_s (None waits forever)"
+        if not (self.config.recreate_failed_workers or self.config.ignore_worker_failures):
+            raise TimeoutError(f"{what}; {fix}, or set recreate_failed_workers=True to replace a hung worker") \
+                from error
+        if position in hung:
+            raise TimeoutError(f"{what}, again after it was replaced in this train() call; {fix}") from error
+        hung.add(position)
+        logger.warning("%s; %s it and rebuilding the plan", what,
+                       "killing and recreating" if self.config.recreate_failed_workers else "killing and dropping")
+        self._recover([position], {})
+
+    def _replace_dead_actors(self, error: Exception, unexplained: bool) -> bool:
+        """Replaces (or drops) the remote workers and recreates the trainer-owned actors that died, or raises;
+        returns whether this recovery found nothing that failed (the plan's own actors are rebuilt with it,
+        once: a second such recovery in one call raises ``RuntimeError``)."""
+        owned = self._owned_actors()
+        dead_owned = {name: obj.check_health() for name, obj in owned.items()}
+        if any(dead_owned.values()) and not self.config.recreate_failed_workers:
+            name, indices = next((n, i) for n, i in dead_owned.items() if i)
+            raise RuntimeError(f"replay shard(s) {indices} of {len(owned[name])} (the trainer's {name}) died; what "
+                               f"they held is lost. Set recreate_failed_workers=True to recreate them empty and go "
+                               f"on") from error
+        if not (self.config.recreate_failed_workers or self.config.ignore_worker_failures):
+            raise error
         failed = self.workers.check_health()
+        if not failed and not any(dead_owned.values()):
+            if unexplained:
+                raise RuntimeError(f"an actor that is neither a remote worker nor a trainer-owned replay shard died "
+                                   f"again after the plan was rebuilt ({error}); giving up") from error
+            unexplained = True
+        logger.warning("an actor died (%s); %s remote worker(s) %s, recreating trainer-owned %s and rebuilding the "
+                       "plan", error, "recreating" if self.config.recreate_failed_workers else "dropping",
+                       [i + 1 for i in failed], {name: i for name, i in dead_owned.items() if i} or "nothing")
+        self._recover(failed, dead_owned)
+        return unexplained
+
+    def _recover(self, failed: list[int], dead_owned: dict[str, list[int]]) -> None:
+        """Replaces (or drops) the ``failed`` remote workers, recreates the dead trainer-owned actors and rebuilds
+        the plan with the counters, info and episode window of the old one."""
         if self.config.recreate_failed_workers:
             self.workers.recreate_workers(failed)
         else:
@@ -224,10 +300,15 @@ class Trainer:
         if self.config.num_workers and not self.workers.remote_workers():
             raise RuntimeError(f"every remote worker failed (num_workers={self.config.num_workers}); set "
                                f"recreate_failed_workers=True to replace them")
+        owned = self._owned_actors()
+        for name, indices in dead_owned.items():
+            owned[name].recreate(indices)
         saved = self._plan.metrics.save()  # counters, info and the episode window: the next report goes on
         self._plan.close()
         self._plan = self._build_plan()
         self._plan.metrics.restore(saved)
+        if recreated := sum(map(len, dead_owned.values())):
+            self._plan.metrics.counters[NUM_REPLAY_SHARDS_RECREATED] += recreated
 
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
         """The learner's policy (on the local worker)."""

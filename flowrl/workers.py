@@ -34,9 +34,22 @@ from flowrl.policy import Policy
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
-__all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet"]
+__all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet", "unresponsive_actors"]
 
 R = TypeVar("R")
+
+
+def unresponsive_actors(actors: Sequence[Any], timeout_s: float) -> list[int]:
+    """Positions in ``actors`` of those that died or did not answer ``ping()`` within ``timeout_s`` seconds (in
+    all: the pings run in parallel)."""
+    pings = [actor.ping.remote() for actor in actors]
+    deadline, failed = time.monotonic() + timeout_s, []
+    for i, ref in enumerate(pings):
+        try:
+            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            failed.append(i)
+    return failed
 
 
 def _policy_seed(seed: int | None, worker_index: int) -> int | None:
@@ -433,14 +446,7 @@ class WorkerSet:
 
     def check_health(self, timeout_s: float = 30.0) -> list[int]:
         """Positions in :meth:`remote_workers` of the workers that died or did not answer in time."""
-        pings = [w.ping.remote() for w in self._remote]
-        deadline, failed = time.monotonic() + timeout_s, []
-        for i, ref in enumerate(pings):
-            try:
-                ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                failed.append(i)
-        return failed
+        return unresponsive_actors(self._remote, timeout_s)
 
     def recreate_workers(self, indices: Sequence[int]) -> None:
         """Replaces those workers (same index, seeds and resources) and sends them the current weights."""

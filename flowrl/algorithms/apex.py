@@ -23,9 +23,10 @@ Examples:
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -41,12 +42,14 @@ from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, De
 from flowrl.ops.replay import UpdateReplayShardPriorities
 from flowrl.replay_buffers import make_replay_actors
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
-from flowrl.workers import RolloutWorker, WorkerSet
+from flowrl.workers import RolloutWorker, WorkerSet, unresponsive_actors
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
 __all__ = ["ApexConfig", "ApexPolicy", "per_worker_epsilon", "set_worker_epsilons", "ReplayShards",
            "make_replay_shards", "make_owned_state", "plan", "ALGORITHM"]
+
+logger = logging.getLogger(__name__)
 
 
 def per_worker_epsilon(index: int, num_workers: int) -> float:
@@ -207,7 +210,45 @@ class ReplayShards(list[Any]):
     With ``store_buffer_in_checkpoints`` the trainer saves :meth:`get_state` (every shard's contents, priorities
     and RNG state, fetched with ``ray.get``) and restores it with :meth:`set_state`. Adds still in flight from
     the store sub-flow at save time are not included.
+
+    A shard that died is found by :meth:`check_health` and replaced in place, empty, by :meth:`recreate` (which
+    needs ``start``): the :class:`~flowrl.trainer.Trainer` does both when ``recreate_failed_workers`` is on.
+
+    Args:
+        shards: the shard actor handles, in shard order.
+        start: starts the listed shards again, as they were first started (``make_replay_actors`` with
+            ``shard_indices=``); ``None``: a dead shard cannot be replaced.
+        capacity: what one shard holds, in env steps (for the warning of :meth:`recreate`).
     """
+
+    def __init__(self, shards: Iterable[Any] = (), *, start: Callable[[Sequence[int]], list[Any]] | None = None,
+                 capacity: int | None = None) -> None:
+        super().__init__(shards)
+        self.start, self.capacity = start, capacity
+
+    def check_health(self, timeout_s: float = 30.0) -> list[int]:
+        """The shards (positions) that died or did not answer a ping within ``timeout_s`` seconds."""
+        return unresponsive_actors(self, timeout_s)
+
+    def recreate(self, indices: Sequence[int]) -> None:
+        """Replaces those shards with new, empty ones (same seeds and placement); what they held is lost, and a
+        warning says so.
+
+        Raises:
+            ValueError: no ``start`` to start them with.
+        """
+        if not indices:
+            return
+        if self.start is None:
+            raise ValueError(f"replay shards {list(indices)} cannot be recreated: these ReplayShards were built "
+                             f"without start=; build them with make_replay_shards(config)")
+        new = self.start(list(indices))
+        for i, shard in zip(indices, new):
+            ray.kill(self[i], no_restart=True)
+            self[i] = shard
+        held = "" if self.capacity is None else f" (up to {self.capacity} env steps each)"
+        logger.warning("replay shard(s) %s of %d died and were recreated empty: what they held%s is lost, and "
+                       "each fills up again to learning_starts before it replays", list(indices), len(self), held)
 
     def get_state(self) -> dict[str, Any]:
         return {"shards": ray.get([shard.get_state.remote() for shard in self])}
@@ -229,13 +270,16 @@ class ReplayShards(list[Any]):
 
 def make_replay_shards(config: ApexConfig) -> ReplayShards:
     """The ``num_replay_buffer_shards`` replay actors the plan's sub-flows share (``num_cpus=0``, seeded from
-    ``seed``)."""
-    return ReplayShards(make_replay_actors(
+    ``seed``), able to replace a shard that dies (:meth:`ReplayShards.recreate`)."""
+    start = functools.partial(
+        make_replay_actors,
         config.num_replay_buffer_shards, colocated_with_driver=config.replay_buffer_shards_colocated_with_driver,
         learning_starts=config.learning_starts, capacity=config.buffer_size, replay_batch_size=config.train_batch_size,
         prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
         prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
-        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed))
+        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
+    return ReplayShards(start(), start=lambda indices: start(shard_indices=indices),
+                        capacity=config.buffer_size // config.num_replay_buffer_shards)
 
 
 def make_owned_state(config: ApexConfig) -> dict[str, Any]:

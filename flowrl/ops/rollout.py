@@ -76,12 +76,15 @@ def ParallelRollouts(workers: WorkerSet, *, mode: Literal["bulk_sync", "async", 
     producer); ``"raw"`` returns the ParallelIterator over the workers itself (nothing counted). With no
     remote workers, ``"bulk_sync"`` and ``"async"`` sample the local worker.
 
-    Calls ``workers.sync_weights()`` now, so every worker samples with the local weights.
+    Calls ``workers.sync_weights()`` now, so every worker samples with the local weights. The driver waits at
+    most ``workers.config.sample_timeout_s`` for each request to a remote worker (``"raw"``: not applied).
 
     Metrics: ``num_steps_sampled``, ``num_agent_steps_sampled``.
 
     Raises:
         ValueError: an unknown mode, ``num_async < 1``, or ``"raw"`` without remote workers.
+        flowrl.iter.ShardTimeoutError: on a pull, a remote worker that delivered nothing within
+            ``sample_timeout_s`` (its ``actor`` is the worker's handle).
 
     Examples:
         >>> from flowrl.testing import make_fake_workers
@@ -106,9 +109,10 @@ def ParallelRollouts(workers: WorkerSet, *, mode: Literal["bulk_sync", "async", 
     if not remote:
         source = LocalIterator.from_iterable(lambda: _local_samples(workers), name="local_worker.sample")
     elif mode == "bulk_sync":
-        source = from_actors(remote).batch_across_shards().for_each(concat_batches)
+        source = (from_actors(remote).batch_across_shards(timeout_s=workers.config.sample_timeout_s)
+                  .for_each(concat_batches))
     else:
-        source = from_actors(remote).gather_async(num_async=num_async)
+        source = from_actors(remote).gather_async(num_async=num_async, timeout_s=workers.config.sample_timeout_s)
     return source.for_each(_ReportSampled()).named(f"ParallelRollouts({mode})")
 
 
@@ -148,7 +152,8 @@ def AsyncGradients(workers: WorkerSet) -> LocalIterator[tuple[Any, int]]:
     """Gradients computed on the workers, each on its own fresh sample, as they arrive (A3C).
 
     Yields ``(grads, count)`` with ``current_actor`` = the producing worker; one request in flight per
-    worker. Calls ``workers.sync_weights()`` now.
+    worker, each waited for at most ``workers.config.sample_timeout_s`` (then
+    :class:`~flowrl.iter.ShardTimeoutError`). Calls ``workers.sync_weights()`` now.
 
     Metrics: ``num_steps_sampled += count``; ``info["learner"]`` = the worker's per-policy info; times
     ``grad_wait``.
@@ -161,7 +166,8 @@ def AsyncGradients(workers: WorkerSet) -> LocalIterator[tuple[Any, int]]:
         raise ValueError("AsyncGradients needs remote workers (num_workers >= 1): gradients are computed on the "
                          "workers; use ParallelRollouts + ComputeGradients to compute them in the driver")
     workers.sync_weights()
-    grads = from_actors(remote).for_each(_ComputeGradientsOnShard()).gather_async(num_async=1)
+    grads = (from_actors(remote).for_each(_ComputeGradientsOnShard())
+             .gather_async(num_async=1, timeout_s=workers.config.sample_timeout_s))
     return grads.for_each(_ReportGradients()).named("AsyncGradients")
 
 
