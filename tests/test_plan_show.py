@@ -43,11 +43,17 @@ for name in {sorted(ALGORITHMS)!r}:
     n = get_algorithm(name).config_class().num_workers
     assert n == 0 or f"[shards={{n}}]" in result.output, (name, result.output)
     print(name, ray.is_initialized())
+for name in ("impala", "appo"):  # tree aggregation: stand-in aggregators, no actors
+    args = ["plan", "show", name, "--config", "num_workers=4", "--config", "num_aggregation_workers=2"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0 and "Aggregators[2]" in result.output, (name, result.output)
+    print(name, ray.is_initialized())
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [word for name in sorted(ALGORITHMS) for word in (name, "False")]
+    expected = [*sorted(ALGORITHMS), "impala", "appo"]
+    assert done.stdout.split() == [word for name in expected for word in (name, "False")]
 
 
 def test_pulling_a_stand_in_plan_says_it_cannot_run() -> None:
