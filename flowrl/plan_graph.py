@@ -424,6 +424,29 @@ def _stand_in_workers(config: TrainerConfig) -> Any:
     return StandInWorkers()
 
 
+@contextlib.contextmanager
+def _stand_in_aggregators() -> Iterator[None]:
+    """While a plan is built: IMPALA's tree aggregation gets stand-in ``Aggregator`` actors (after the same checks
+    of its settings) instead of Ray actors. The plan draws them; the list it would kill on close is emptied on
+    exit, since there is nothing to kill."""
+    from unittest import mock
+
+    from flowrl.algorithms import impala
+    from flowrl.ops.aggregation import aggregator_groups
+
+    made: list[list[Any]] = []
+
+    def make_stand_ins(raw: ParallelIterator[Any], num_aggregators: int, **settings: Any) -> list[Any]:
+        groups = aggregator_groups(raw, num_aggregators, **settings)
+        made.append([_StandInActor(f"aggregator_{g}") for g in range(len(groups))])
+        return made[-1]
+
+    with mock.patch.object(impala, "make_aggregators", make_stand_ins):
+        yield
+    for aggregators in made:
+        aggregators.clear()
+
+
 def _stand_in_owned_state(algorithm: Algorithm, config: TrainerConfig) -> dict[str, Any]:
     """The trainer-owned state a plan takes: Ape-X's replay shard actors as stand-ins, anything else (a local
     replay buffer: memory only) as the algorithm makes it."""
@@ -451,7 +474,8 @@ def stand_in_plan(algorithm: Algorithm, config: TrainerConfig) -> Iterator[Local
         ['ParallelIterator[from_actors[shards=4]] (4 shards)', 'ParallelIterator[from_actors[shards=4]] (4 shards)']
     """
     workers = _stand_in_workers(config)
-    plan = algorithm.plan(workers, config, **_stand_in_owned_state(algorithm, config))
+    with _stand_in_aggregators():
+        plan = algorithm.plan(workers, config, **_stand_in_owned_state(algorithm, config))
     try:
         yield plan
     finally:

@@ -8,6 +8,7 @@ import signal
 import threading
 from typing import Any
 
+import pytest
 import ray
 
 from flowrl.algorithms.impala import IMPALAConfig
@@ -63,6 +64,7 @@ def _config(cls: type[TrainerConfig], **settings: Any) -> Any:
                **settings)
 
 
+@pytest.mark.slow  # ~30 s; the default tier has IMPALA's case here and fake-worker recoveries in test_trainer.py
 def test_ppo_keeps_training_through_three_killed_workers() -> None:
     """A sync plan: a worker killed mid-sample fails the gather; the Trainer recreates it and retries."""
     config = _config(PPOConfig, num_envs_per_worker=4, rollout_fragment_length=500, train_batch_size=4000,

@@ -18,6 +18,8 @@ from nbclient import NotebookClient
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 CELL_TIMEOUT_S = 120  # one cell; each notebook runs in well under a minute on 2 cores (pytest's timeout: 300 s)
+# 01 and 02 train for 30-45 s each on 2 cores, so their runs are in the slow tier; 03 runs in the default one
+RUNS = [pytest.param(p, id=p.stem, marks=() if p.stem == "03_benchmarks" else pytest.mark.slow) for p in NOTEBOOKS]
 
 
 def read(path: Path) -> Any:
@@ -47,7 +49,7 @@ def _shows_a_result(output: Any) -> bool:
     return output.output_type == "stream" and output.name == "stdout" and "|---" in output.text
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RUNS)
 def test_notebook_runs_end_to_end_and_ends_on_a_result(path: Path) -> None:
     nb = read(path)
     # a kernel of its own, run from notebooks/ as Jupyter would; RAY_ADDRESS would send it to the test session's Ray

@@ -42,9 +42,10 @@ def arrays(checkpoint: Path) -> dict[str, np.ndarray]:
 
 
 def test_kill_then_resume_in_a_new_process_continues_bit_identically(tmp_path: Path) -> None:
-    # (1) the uninterrupted run: 5 iterations, a checkpoint after each
-    straight = finish(flowrl(*TRAIN, "--stop-iters", "5", "--log-dir", str(tmp_path / "straight")))
-    # (2) the same run, SIGKILLed (with its Ray processes) once its second checkpoint is on disk
+    # (1) the uninterrupted run: 5 iterations, a checkpoint after each; and, side by side (each waits on its own
+    # Ray start for much of the time), (2) the same run, SIGKILLed with its Ray processes once its second
+    # checkpoint is on disk
+    straight_run = flowrl(*TRAIN, "--stop-iters", "5", "--log-dir", str(tmp_path / "straight"))
     killed = flowrl(*TRAIN, "--stop-iters", "1000", "--log-dir", str(tmp_path / "killed"))
     second = tmp_path / "killed" / "checkpoints" / "checkpoint_000002"
     deadline = time.monotonic() + 240
@@ -53,6 +54,7 @@ def test_kill_then_resume_in_a_new_process_continues_bit_identically(tmp_path: P
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     assert killed.returncode == -signal.SIGKILL and second.exists()
+    straight = finish(straight_run)
     # (3) resume from that checkpoint in a new process, for iterations 3-5
     resumed = finish(flowrl("train", "ppo", "--resume", str(second), "--stop-iters", "5",
                             "--log-dir", str(tmp_path / "resumed"),

@@ -82,7 +82,8 @@ class ApexConfig(DQNConfig):
             rollout_fragment_length (50): as in DQN, with Ape-X's values.
         target_network_update_freq: **trained** steps between target-network copies (500000).
         timesteps_per_iteration: a report waits for 1000 new env steps, as DQN's (RLlib's cluster-sized 25000
-            steps and 30 s made one report span ~60k steps on a laptop); no wall-time gate.
+            steps and 30 s made one report span ~60k steps on a laptop); no wall-time gate. Reports come with
+            trained batches, so the first one waits for ``learning_starts`` stored steps.
         worker_side_prioritization: workers compute each row's initial priority ``|td_error|`` with their
             own network (True), instead of the shard's max priority.
         training_intensity: ``None``: the three sub-flows run asynchronously; otherwise trained steps per sampled

@@ -43,7 +43,7 @@ from flowrl.sample_batch import AnyBatch
 import ray  # noqa: E402,I001  (after flowrl.runtime, which sets Ray's environment first)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
-__all__ = ["Aggregator", "make_aggregators", "CountFreshSteps"]
+__all__ = ["Aggregator", "make_aggregators", "aggregator_groups", "CountFreshSteps"]
 
 # What an aggregator emits: a train batch and the env / agent steps of its newly sampled fragments.
 AggregatedBatch = tuple[AnyBatch, int, int]
@@ -203,24 +203,35 @@ def make_aggregators(raw: ParallelIterator[AnyBatch], num_aggregators: int, *, t
     Raises:
         ValueError: ``num_aggregators`` out of range, or an invalid setting.
     """
-    check_int("num_aggregators", num_aggregators, 1, "aggregator actors")
-    n = raw.num_shards()
-    if num_aggregators > n:
-        raise ValueError(f"num_aggregators={num_aggregators} exceeds the {n} rollout workers of {raw!r}; each "
-                         f"aggregator needs at least one worker, so lower num_aggregation_workers or add workers")
     settings: dict[str, Any] = dict(train_batch_size=train_batch_size, count_steps_by=count_steps_by,
                                     replay_buffer_num_slots=replay_buffer_num_slots,
                                     replay_proportion=replay_proportion, num_async=num_async)
-    Aggregator(raw, seed=seed, **settings)  # validate before starting actors
+    groups = aggregator_groups(raw, num_aggregators, seed=seed, **settings)
     seeds: list[int | None] = [None] * num_aggregators
     if seed is not None:
         seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(num_aggregators)]
     runtime.ensure_initialized()
     options = runtime.actor_options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
         node_id=ray.get_runtime_context().get_node_id(), soft=False))
-    return [_RemoteAggregator.options(**options).remote(
-                raw.select_shards(list(range(g, n, num_aggregators))), seed=seeds[g], **settings)
-            for g in range(num_aggregators)]
+    return [_RemoteAggregator.options(**options).remote(group, seed=seeds[g], **settings)
+            for g, group in enumerate(groups)]
+
+
+def aggregator_groups(raw: ParallelIterator[AnyBatch], num_aggregators: int, **settings: Any
+                      ) -> list[ParallelIterator[AnyBatch]]:
+    """The groups :func:`make_aggregators` deals ``raw``'s workers into, after checking ``num_aggregators`` and the
+    :class:`Aggregator` settings; starts nothing (``flowrl plan show`` draws tree aggregation with it).
+
+    Raises:
+        ValueError: ``num_aggregators`` out of range, or an invalid setting.
+    """
+    check_int("num_aggregators", num_aggregators, 1, "aggregator actors")
+    n = raw.num_shards()
+    if num_aggregators > n:
+        raise ValueError(f"num_aggregators={num_aggregators} exceeds the {n} rollout workers of {raw!r}; each "
+                         f"aggregator needs at least one worker, so lower num_aggregation_workers or add workers")
+    Aggregator(raw, **settings)  # its checks; a plain object, nothing starts
+    return [raw.select_shards(list(range(g, n, num_aggregators))) for g in range(num_aggregators)]
 
 
 class CountFreshSteps(MetricsBinding):

@@ -64,7 +64,8 @@ def test_needs_remote_workers() -> None:
 
 
 @pytest.mark.parametrize("hyperparameters", [
-    pytest.param({"lr": 1e-3, "rollout_fragment_length": 50}, id="lr1e-3-fragment50"),  # ~20-25k steps, seconds
+    pytest.param({"lr": 1e-3, "rollout_fragment_length": 50}, id="lr1e-3-fragment50",  # ~20-25k steps, ~10 s
+                 marks=pytest.mark.slow),  # the default tier keeps one learning check per family (PPO, PG, A2C, IMPALA)
     pytest.param({}, id="defaults", marks=pytest.mark.slow),  # lr 1e-4, fragments of 10: ~40k steps, ~1 minute
 ])
 def test_a3c_learns_cartpole_within_200k_steps(hyperparameters: dict[str, Any]) -> None:

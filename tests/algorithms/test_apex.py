@@ -375,6 +375,7 @@ def _train(config: ApexConfig, *, target: float, max_steps: int) -> dict[str, An
         workers.stop()
 
 
+@pytest.mark.slow  # the default tier keeps one learning check per family (PPO, PG, A2C, IMPALA); ~10 min budget
 def test_apex_starts_learning_cartpole_within_40k_steps() -> None:
     """Default-run check (~25 s): seed 0 passes a mean return of 60 (reported by the lowest-epsilon worker) after
     ~14k sampled steps; a random policy scores ~22. Async, so the step count varies: 40k leaves ~3x margin."""

@@ -282,6 +282,7 @@ def _learn_cartpole(max_steps: int) -> tuple[float, int]:
     return result["episode_reward_mean"], result["timesteps_total"]
 
 
+@pytest.mark.slow  # the default tier keeps one learning check per family (PPO, PG, A2C, IMPALA); ~10 min budget
 def test_appo_learns_cartpole_within_200k_steps() -> None:
     mean_return, _ = _learn_cartpole(200_000)
     assert mean_return >= 150

@@ -207,6 +207,7 @@ def test_a_slow_learner_throttles_sampling_and_nothing_grows(name: str, workers:
         memory: list[int] = []
         backlog: list[int] = []
         gc.collect()
+        gc.freeze()  # what exists now (torch, the test session) is never garbage: each gc.collect() below skips it
         tracemalloc.start()
         try:
             for i in range(WARMUP + MEASURED):
@@ -229,6 +230,7 @@ def test_a_slow_learner_throttles_sampling_and_nothing_grows(name: str, workers:
                 assert result["info"]["learner_queue"]["size_quantiles"][-1] <= limit
         finally:
             tracemalloc.stop()
+            gc.unfreeze()
         # the queue, the batch being learned, the one Enqueue retries, learned-but-unread output and one partial
         # concatenation: a fixed number of train batches, never a backlog that grows with the run
         if case.throttled:

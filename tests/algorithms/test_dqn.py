@@ -406,6 +406,7 @@ def test_trainer_owns_the_buffer_and_checkpoints_the_target_network() -> None:
 
 # -- learning ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # the default tier keeps one learning check per family (PPO, PG, A2C, IMPALA); ~10 min budget
 def test_dqn_learns_cartpole_within_50k_steps() -> None:
     """Seeded: RLlib's DQN defaults (double Q, dueling, prioritized replay, 1-step) reach 150 in ~20k steps, ~40 s."""
     config = DQNConfig(env="CartPole-v1", seed=0, min_iter_time_s=0, timesteps_per_iteration=2000)

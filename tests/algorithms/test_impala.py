@@ -378,6 +378,7 @@ def test_impala_learns_cartpole_within_500k_steps() -> None:
     assert result["episode_reward_mean"] >= 150
 
 
+@pytest.mark.slow  # the default tier keeps one learning check per family (PPO, PG, A2C, IMPALA); ~10 min budget
 def test_impala_with_tree_aggregation_learns_cartpole() -> None:
     # One aggregator over two real workers. Seed 0 goes from ~23 to 80+ within ~50k steps, ~15 s after a ~10 s
     # start (the aggregator imports torch) on 2 cores; 150k steps is the bound.

@@ -191,6 +191,7 @@ def train_both_until(target: float, max_steps: int) -> tuple[dict[str, Any], dic
     return result, returns
 
 
+@pytest.mark.slow  # the default tier keeps one learning check per family (PPO, PG, A2C, IMPALA); ~10 min budget
 def test_both_policies_start_learning_multi_agent_cartpole() -> None:
     """The default tier's check: both policies well above a random policy's ~22 (seed 0: ~12k env steps, ~20 s)."""
     result, returns = train_both_until(75, max_steps=30_000)
