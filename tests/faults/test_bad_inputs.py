@@ -25,6 +25,11 @@ from flowrl.config import config_field_types
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: a run that takes a second per iteration, should a bad value get through
+SMALL = ["--config", "num_workers=0", "--config", "train_batch_size=64", "--config", "rollout_fragment_length=64",
+         "--config", "sgd_minibatch_size=64", "--config", "num_sgd_iter=1"]
+
+
 def invoke(*args: object) -> Result:
     return CliRunner().invoke(main, [str(a) for a in args])
 
@@ -77,8 +82,8 @@ def test_the_largest_seed_torch_takes_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(("args", "option", "named"), [
-    (["--stop-reward", "nan"], "'--stop-reward'", "nan is not a finite number"),
-    (["--stop-reward", "inf"], "'--stop-reward'", "inf is not a finite number"),
+    (["--stop-reward", "nan", "--stop-iters", "1"], "'--stop-reward'", "nan is not a finite number"),
+    (["--stop-reward", "inf", "--stop-iters", "1"], "'--stop-reward'", "inf is not a finite number"),
     (["--stop-time", "inf", "--stop-iters", "1"], "'--stop-time'", "inf is not a finite number"),
     (["--stop-iters", "1", "--config", "seed=-1"], "'--config'", "seed=-1 must be None or an int >= 0"),
     (["--stop-iters", "1", "--config", "num_cpus_per_worker=nan"], "'--config'", "num_cpus_per_worker=nan must be"),
@@ -92,7 +97,7 @@ def test_the_largest_seed_torch_takes_is_accepted() -> None:
 ])
 def test_bad_numbers_on_the_command_line_are_one_line_usage_errors(tmp_path: Path, args: list[str], option: str,
                                                                    named: str) -> None:
-    result = invoke("train", "ppo", "--config", "num_workers=0", "--log-dir", tmp_path / "run", *args)
+    result = invoke("train", "ppo", *SMALL, "--log-dir", tmp_path / "run", *args)
     assert result.exit_code == 2, result.output
     error = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(error) == 1 and f"Invalid value for {option}" in error[0] and named in error[0], result.output
@@ -100,7 +105,7 @@ def test_bad_numbers_on_the_command_line_are_one_line_usage_errors(tmp_path: Pat
 
 
 def test_an_env_config_keyword_the_env_does_not_take_is_a_usage_error_naming_it(tmp_path: Path) -> None:
-    result = invoke("train", "ppo", "--config", "num_workers=0", "--config", 'env_config={"no_such_kw": 1}',
+    result = invoke("train", "ppo", *SMALL, "--config", 'env_config={"no_such_kw": 1}',
                     "--stop-iters", "1", "--log-dir", tmp_path / "run")
     assert result.exit_code == 2, result.output
     error = [line for line in result.output.splitlines() if line.startswith("Error:")]
@@ -134,7 +139,7 @@ def test_an_address_where_nothing_listens_fails_fast_naming_it(tmp_path: Path, d
     address = f"127.0.0.1:{dead_port}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "flowrl", "train", "ppo", "--address", address, "--stop-iters", "1",
-                           "--config", "num_workers=0", "--log-dir", str(tmp_path / "run")],
+                           *SMALL, "--log-dir", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
