@@ -143,6 +143,8 @@ def check_finite_fields(config: Any) -> None:
             raise TypeError(f"{name}={value!r} must be a number{' or None' if optional else ''}")
         if math.isnan(value) or (math.isinf(value) and name not in infinite_ok):
             default = next(f.default for f in dataclasses.fields(config) if f.name == name)
+            if default is None:
+                raise ValueError(f"{name}={value!r} must be a finite number, or None (the default)")
             instead = f"the default {name}={default!r}" if default is not dataclasses.MISSING else "1.0"
             raise ValueError(f"{name}={value!r} must be a finite number; pass a finite value such as {instead}"
                              + (f" (or {name}=None to turn it off)" if optional else ""))

@@ -62,7 +62,7 @@ def test_every_float_field_refuses_infinity_unless_it_means_something(config_cla
     if field in config_class.infinite_ok_fields:
         assert getattr(config_class(num_workers=1, **{field: math.inf}), field) == math.inf
         return
-    with pytest.raises(ValueError, match=rf"\b{field}=inf must be a finite number; pass a finite value"):
+    with pytest.raises(ValueError, match=rf"\b{field}=inf must be a finite number(; pass a finite value|, or None)"):
         config_class(num_workers=1, **{field: math.inf})
 
 
