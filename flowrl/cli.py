@@ -473,6 +473,25 @@ def _algorithm_arg(ctx: click.Context, param: click.Parameter, value: str) -> st
                              f"(`flowrl algorithms` lists them)")
 
 
+def _finite_arg(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number, so no result can ever meet it; give a finite "
+                                 f"bound, e.g. --{(param.name or '').replace('_', '-')} 100")
+    return value
+
+
+def _address_arg(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from flowrl.runtime import parse_address
+
+    if value is not None:
+        try:
+            parse_address(value)
+        except ValueError as e:
+            raise click.BadParameter(f"{e}; e.g. --address 10.0.0.5:6379, or --address auto to join the "
+                                     f"cluster `ray start` started on this machine") from None
+    return value
+
+
 def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...], Any]], items: Sequence[str]) -> None:
     for (path, value), item in zip(overrides, items):
         saved: Any = config
@@ -492,9 +511,9 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
                             "import a module.")
 @click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
               help="Set a config field (repeatable): lr=3e-4, model.hidden_sizes=32,32, grad_clip=none.")
-@click.option("--stop-reward", type=float, help="Stop when episode_reward_mean reaches this.")
+@click.option("--stop-reward", type=float, callback=_finite_arg, help="Stop when episode_reward_mean reaches this.")
 @click.option("--stop-timesteps", type=click.IntRange(min=1), help="Stop at this many env steps in all.")
-@click.option("--stop-time", type=click.FloatRange(min=0, min_open=True),
+@click.option("--stop-time", type=click.FloatRange(min=0, min_open=True), callback=_finite_arg,
               help="Stop after this many seconds of training in all; a report still running then is abandoned "
                    "(its samples are dropped) and the last finished one is checkpointed.")
 @click.option("--stop-iters", type=click.IntRange(min=1), help="Stop at this training_iteration.")
@@ -508,7 +527,8 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path),
               help="The run directory (default: runs/<algo>_<env>_<time>; on resume, the resumed run's).")
 @click.option("--seed", type=click.IntRange(min=0), help="The config's seed (same as --config seed=S).")
-@click.option("--address", help="Join a Ray cluster ('auto' or 'host:port') instead of starting a local instance.")
+@click.option("--address", callback=_address_arg,
+              help="Join a Ray cluster ('auto' or 'host:port') instead of starting a local instance.")
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
               help="Apply the tuned preset for ALGO on the env, where one exists (see flowrl/presets.py and the "
                    "README's table); --config values win over it.")

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import numbers
 import os
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, Union, get_args, get_origin
 
-from flowrl.envs.base import EnvSpec
+from flowrl.envs.base import EnvSpec, check_seed
 from flowrl.envs.multi_agent import make_policy_mapping
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
     from flowrl.policy import Policy
 
 __all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "TrainerConfig", "ACTIVATIONS",
-           "available_cpus", "num_workers_that_fit", "config_field_types", "config_to_data", "config_from_data"]
+           "available_cpus", "num_workers_that_fit", "config_field_types", "config_to_data", "config_from_data",
+           "check_finite_fields"]
 
 ACTIVATIONS = ("tanh", "relu", "elu")
 
@@ -101,6 +104,52 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.conv_filters entry {f!r} must be (out_channels, kernel, stride)")
 
 
+def _is_float_type(tp: Any) -> bool:
+    """``float`` or a union holding it (``float | None``)."""
+    return tp is float or (get_origin(tp) in (Union, types.UnionType) and float in get_args(tp))
+
+
+_FLOAT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def check_finite_fields(config: Any) -> None:
+    """Refuses a NaN or infinite value in any ``float`` field of the config dataclass ``config``, except the
+    fields its class names in ``infinite_ok_fields`` (where infinity has a documented meaning, such as PPO's
+    ``vf_clip_param``; NaN is refused there too). Every config that extends :class:`PolicyConfig` runs it
+    first in ``__post_init__``, so a new float field is covered without a check of its own.
+
+    Raises:
+        TypeError: a float field holds something that is not a real number (a bool, a string).
+        ValueError: a float field holds NaN or an infinity (the message names the field, the value and the
+            default to use instead).
+
+    Examples:
+        >>> check_finite_fields(PolicyConfig(lr=3e-4))
+        >>> PolicyConfig(lr=float("inf"))
+        Traceback (most recent call last):
+        ...
+        ValueError: lr=inf must be a finite number; pass a finite value such as the default lr=0.0005
+    """
+    cls = type(config)
+    if cls not in _FLOAT_FIELDS:
+        _FLOAT_FIELDS[cls] = tuple((name, type(None) in get_args(tp)) for name, tp in config_field_types(cls).items()
+                                   if _is_float_type(tp))
+    infinite_ok: frozenset[str] = getattr(config, "infinite_ok_fields", frozenset())
+    for name, optional in _FLOAT_FIELDS[cls]:
+        value = getattr(config, name)
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}={value!r} must be a number{' or None' if optional else ''}")
+        if math.isnan(value) or (math.isinf(value) and name not in infinite_ok):
+            default = next(f.default for f in dataclasses.fields(config) if f.name == name)
+            if default is None:
+                raise ValueError(f"{name}={value!r} must be a finite number, or None (the default)")
+            instead = f"the default {name}={default!r}" if default is not dataclasses.MISSING else "1.0"
+            raise ValueError(f"{name}={value!r} must be a finite number; pass a finite value such as {instead}"
+                             + (f" (or {name}=None to turn it off)" if optional else ""))
+
+
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
     """Settings every policy has; algorithm configs extend it.
@@ -111,11 +160,22 @@ class PolicyConfig:
         grad_clip: max global gradient norm, or ``None`` for no clipping.
         gamma: discount factor.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` for the model and the learner.
-        seed: seeds model initialisation, action sampling and minibatch order; ``None`` is random.
+        seed: seeds model initialisation, action sampling and minibatch order (an int in ``[0, 2**63)``);
+            ``None`` is random.
         numpy_acting: on the CPU, compute actions through a numpy mirror of an MLP model (the same
             distributions, or for DQN the same Q-values; several times faster for the small batches a
             rollout worker acts on); ``False`` always acts through torch.
+        on_nonfinite_update: what a learner does with a gradient that holds NaN or inf (a NaN loss, a diverging
+            model): ``"skip"`` drops that update (the weights stay as they were), counts it in the learner stat
+            ``num_nonfinite_updates_skipped`` and warns once; ``"raise"`` raises ``FloatingPointError``. Such an
+            update is never applied.
+
+    Every ``float`` field must be finite (:func:`check_finite_fields`) unless the class lists it in
+    ``infinite_ok_fields``.
     """
+
+    #: float fields where ``inf`` is a meaningful setting (a subclass adds its own); NaN is never accepted.
+    infinite_ok_fields: ClassVar[frozenset[str]] = frozenset()
 
     model: ModelConfig = field(default_factory=ModelConfig)
     lr: float = 5e-4
@@ -124,8 +184,13 @@ class PolicyConfig:
     device: str = "cpu"
     seed: int | None = None
     numpy_acting: bool = True
+    on_nonfinite_update: Literal["skip", "raise"] = "skip"
 
     def __post_init__(self) -> None:
+        check_finite_fields(self)
+        check_seed(self.seed)
+        if self.seed is not None and self.seed >= 2**63:
+            raise ValueError(f"seed={self.seed} must be below 2**63 (torch seeds take 64-bit ints); pass e.g. seed=0")
         if not self.lr > 0:
             raise ValueError(f"lr={self.lr} must be > 0")
         if self.grad_clip is not None and not self.grad_clip > 0:
@@ -134,6 +199,9 @@ class PolicyConfig:
             raise ValueError(f"gamma={self.gamma} must be in [0, 1]")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device={self.device!r}; use 'cpu', 'cuda' or 'cuda:N'")
+        if self.on_nonfinite_update not in ("skip", "raise"):
+            raise ValueError(f"on_nonfinite_update={self.on_nonfinite_update!r}; use 'skip' (drop the update and "
+                             f"count it) or 'raise'")
 
 
 @dataclass(frozen=True, kw_only=True)

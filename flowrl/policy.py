@@ -14,6 +14,7 @@ Examples:
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import gymnasium as gym
@@ -28,6 +29,11 @@ __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam"
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
+
+#: The learner stat that counts the updates a policy skipped for a non-finite gradient (present once one was).
+NONFINITE_UPDATES_SKIPPED = "num_nonfinite_updates_skipped"
+
+logger = logging.getLogger(__name__)
 
 
 def _check_device(device: str) -> torch.device:
@@ -136,6 +142,9 @@ class Policy:
             :meth:`learn_on_tensors` or :meth:`apply_gradients`); a rollout worker that is sent weights adopts
             the sender's version (when its config sets ``profile``), so the staleness of sampled data is a
             difference of versions.
+        num_nonfinite_updates_skipped: optimizer steps not taken because a gradient held NaN or inf (see
+            ``PolicyConfig.on_nonfinite_update``); :meth:`learn_on_tensors` reports it in its stats once it is
+            above 0.
     """
 
     #: ``True`` when :meth:`postprocess_trajectory` accepts one env's time-ordered rows spanning several
@@ -161,6 +170,7 @@ class Policy:
         self.numpy_acting = NumpyActing.build(self.model, self.dist_class) if config.numpy_acting else None
         self.global_timestep = 0
         self.weights_version = 0
+        self.num_nonfinite_updates_skipped = 0
 
     # -- acting -----------------------------------------------------------------------------------
     def _obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
@@ -259,6 +269,8 @@ class Policy:
         """One optimizer step on already-converted tensors; returns ``{"learner_stats": ...}``."""
         stats = self._backward(tensors)
         self.optimizer_step()
+        if self.num_nonfinite_updates_skipped:
+            stats[NONFINITE_UPDATES_SKIPPED] = self.num_nonfinite_updates_skipped
         return {"learner_stats": stats}
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, Any]:
@@ -286,11 +298,37 @@ class Policy:
     def optimizer_step(self) -> None:
         """``self.optimizer.step()`` as every learning path takes it: counts the new weights' version and tells the
         numpy acting mirror to re-read them (a fused optimizer updates them without moving their version counters).
-        A subclass that steps its optimizer itself calls this instead."""
+        A subclass that steps its optimizer itself calls this instead.
+
+        A gradient that holds NaN or inf is never applied: the step is skipped and counted in
+        :attr:`num_nonfinite_updates_skipped` (with one warning), or, with ``on_nonfinite_update="raise"``, it raises.
+
+        Raises:
+            FloatingPointError: a non-finite gradient with ``on_nonfinite_update="raise"`` (the weights are unchanged).
+        """
+        if not self._gradients_finite():
+            self._skip_nonfinite_update()
+            return
         self.optimizer.step()
         self.weights_version += 1
         if self.numpy_acting is not None:
             self.numpy_acting.invalidate()
+
+    def _gradients_finite(self) -> bool:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())  # one device sync
+
+    def _skip_nonfinite_update(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.num_nonfinite_updates_skipped += 1
+        what = (f"{type(self).__name__}: a gradient holds NaN or inf (after {self.weights_version} applied updates), "
+                f"so the update was not applied; a NaN or inf in the training batch, or a learning rate that "
+                f"makes the model diverge, are the usual causes")
+        if self.config.on_nonfinite_update == "raise":
+            raise FloatingPointError(f"{what}; set on_nonfinite_update='skip' to skip such updates and go on")
+        if self.num_nonfinite_updates_skipped == 1:
+            logger.warning("%s; skipping such updates and counting them in the learner stat %s (this warning is "
+                           "shown once; on_nonfinite_update='raise' stops instead)", what, NONFINITE_UPDATES_SKIPPED)
 
     # -- weights and state ------------------------------------------------------------------------
     def get_weights(self) -> Weights:

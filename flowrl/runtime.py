@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import warnings
 from typing import Any
@@ -23,7 +24,11 @@ os.environ.setdefault(_LOOPBACK_VAR, "0")
 
 import ray  # noqa: E402  (must follow the environment variable above)
 
-__all__ = ["init", "ensure_initialized", "actor_options"]
+__all__ = ["init", "ensure_initialized", "actor_options", "parse_address", "check_reachable"]
+
+#: Seconds :func:`init` waits for a TCP connection to a cluster's address before it gives up (Ray's own
+#: connect retries for minutes when nothing listens).
+CONNECT_TIMEOUT_S = 10.0
 
 #: Ray's logger for token authentication. A new local instance turns token authentication on when
 #: ``RAY_AUTH_MODE`` is unset, and says so in a WARNING ("Token authentication is enabled ... Set
@@ -34,6 +39,66 @@ __all__ = ["init", "ensure_initialized", "actor_options"]
 _AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
+def parse_address(address: str) -> tuple[str, int] | None:
+    """The ``(host, port)`` of a cluster address, or ``None`` for ``"auto"`` and ``"local"`` (Ray finds or starts
+    the instance itself).
+
+    Accepted forms: ``host:port``, ``[ipv6]:port`` and ``ray://`` followed by either.
+
+    Raises:
+        ValueError: any other form, or a port outside 1..65535 (the message names the address and the forms).
+
+    Examples:
+        >>> parse_address("127.0.0.1:6379"), parse_address("ray://head.example:10001"), parse_address("auto")
+        (('127.0.0.1', 6379), ('head.example', 10001), None)
+        >>> parse_address("foo:bar:baz")
+        Traceback (most recent call last):
+        ...
+        ValueError: address 'foo:bar:baz' is not 'auto', 'host:port' or 'ray://host:port' (port an int in 1..65535)
+    """
+    if address in ("auto", "local"):
+        return None
+    rest = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port_text = rest.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # a bracketed IPv6 literal
+    elif ":" in host:
+        host = ""
+    port = int(port_text) if port_text.isascii() and port_text.isdigit() else 0
+    if not sep or not host or any(c.isspace() or c in "/@" for c in host) or not 1 <= port <= 65535:
+        raise ValueError(f"address {address!r} is not 'auto', 'host:port' or 'ray://host:port' (port an int in "
+                         f"1..65535)")
+    return host, port
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Opens (and closes) a TCP connection to a cluster's address, so that an address where nothing listens fails
+    within ``timeout_s`` instead of in Ray's minutes of retries. ``"auto"`` and ``"local"`` are not checked.
+
+    A ``host:port`` on loopback is checked where Ray will connect: Ray replaces a loopback host by this node's
+    address, unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` keeps it on loopback (as flowrl sets it).
+
+    Raises:
+        ValueError: a malformed address (:func:`parse_address`).
+        ConnectionError: nothing accepted a connection at the address within ``timeout_s`` (the message names
+            the address and the reason).
+    """
+    parsed = parse_address(address)
+    if parsed is None:
+        return
+    host, port = parsed
+    if not address.startswith("ray://"):
+        from ray._private.services import resolve_ip_for_localhost  # Ray's own rewrite of a loopback host
+
+        host = resolve_ip_for_localhost(host)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as err:
+        reason = f"no answer within {timeout_s:g} s" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise ConnectionError(f"nothing accepts connections at {host}:{port} ({reason})") from err
+
+
 def init(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
          **ray_kwargs: Any) -> None:
     """Starts an embedded Ray instance on loopback, or joins a cluster; no-op if Ray is running.
@@ -42,13 +107,15 @@ def init(address: str | None = None, *, num_cpus: int | None = None, num_gpus: i
         address: ``None`` starts a local instance bound to 127.0.0.1 with no dashboard, quietly (Ray's
             driver logs at WARNING, so its INFO start line is not printed, and the note that token
             authentication is on is dropped; pass ``logging_level=logging.INFO`` to see the start line);
-            ``"auto"`` or ``"ray://host:port"`` (or ``"host:port"``) joins an existing cluster.
+            ``"auto"`` or ``"ray://host:port"`` (or ``"host:port"``) joins an existing cluster; the address is
+            checked first (:func:`check_reachable`), so one where nothing listens fails within seconds.
         num_cpus: logical CPUs of the local instance (``None``: what Ray detects). Ignored when joining.
         num_gpus: GPUs of the local instance. Ignored when joining.
         **ray_kwargs: passed to ``ray.init`` unchanged.
 
     Raises:
-        ValueError: ``num_cpus``/``num_gpus`` given together with ``address``.
+        ValueError: ``num_cpus``/``num_gpus`` given together with ``address``, or a malformed address.
+        ConnectionError: nothing listens at ``address``.
     """
     if address is not None and (num_cpus is not None or num_gpus is not None):
         raise ValueError(f"init(address={address!r}) joins a cluster whose resources are already "
@@ -56,6 +123,7 @@ def init(address: str | None = None, *, num_cpus: int | None = None, num_gpus: i
     if ray.is_initialized():
         return
     if address is not None:
+        check_reachable(address)
         ray.init(address=address, **ray_kwargs)
         return
     if _RAY_PREIMPORTED:

@@ -34,7 +34,8 @@ from flowrl.policy import Policy
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
-__all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet", "unresponsive_actors"]
+__all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet", "unresponsive_actors",
+           "check_finite_env_output"]
 
 R = TypeVar("R")
 
@@ -63,6 +64,54 @@ def _env_major(steps: list[np.ndarray]) -> np.ndarray:
     without its per-array overhead)."""
     joined = np.concatenate(steps).reshape(len(steps), *steps[0].shape)
     return np.ascontiguousarray(joined.swapaxes(0, 1))
+
+
+def _env_label(env: Any) -> str:
+    return repr(env) if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+
+
+def check_finite_env_output(columns: Mapping[str, np.ndarray], eps_ids: np.ndarray, ts: np.ndarray,
+                            env_index: np.ndarray, *, env: Any, worker_index: int) -> None:
+    """Refuses sampled rows whose reward or observation is NaN or infinite, naming the first one (in time order).
+
+    Called once per fragment on its columns, so a NaN from the env never reaches a learner (where it would turn
+    the weights into NaN while training carries on). ``eps_ids``, ``ts`` and ``env_index`` have the leading shape
+    of the columns (``[N, T]`` for a single-agent fragment, ``[rows]`` for one agent's rows).
+
+    Raises:
+        ValueError: naming the env, the worker and env index, the episode, the step in it and the field.
+
+    Examples:
+        >>> cols = {REWARDS: np.array([1.0, np.nan]), OBS: np.zeros((2, 3)), NEXT_OBS: np.zeros((2, 3))}
+        >>> check_finite_env_output(cols, np.array([7, 7]), np.array([4, 5]), np.array([0, 0]),
+        ...                         env="CartPole-v1", worker_index=1)  # doctest: +NORMALIZE_WHITESPACE
+        Traceback (most recent call last):
+        ...
+        ValueError: env 'CartPole-v1' returned a non-finite reward (nan) at step 5 of episode 7 (worker 1,
+        env 0); fix the env, or wrap it to replace such values, as flowrl does not train on NaN or inf
+    """
+    first: tuple[tuple[int, int], int, str, tuple[int, ...], Any] | None = None
+    for order, key in enumerate((OBS, REWARDS, NEXT_OBS)):
+        column = columns.get(key)
+        if column is None or column.dtype.kind != "f" or np.isfinite(column).all():
+            continue
+        bad = ~np.isfinite(column.reshape(*ts.shape, -1)).all(axis=-1)
+        position = min(map(tuple, np.argwhere(bad)), key=lambda p: p[-1])  # the last axis is time (rows)
+        # an OBS row is the env's output of the step before, or of its reset at step 0
+        reset = key == OBS and ts[position] == 0
+        step = int(ts[position]) - (1 if key == OBS and not reset else 0)
+        name = {REWARDS: "reward", NEXT_OBS: "observation"}.get(key, "observation from reset" if reset else
+                                                                 "observation")
+        when = (int(position[-1]), order)
+        if first is None or when < first[0]:
+            first = (when, step, name, position, column[position])
+    if first is None:
+        return
+    _, step, name, position, value = first
+    shown = np.array2string(np.asarray(value), threshold=8, separator=", ")
+    raise ValueError(f"env {_env_label(env)} returned a non-finite {name} ({shown}) at step {step} of episode "
+                     f"{int(eps_ids[position])} (worker {worker_index}, env {int(env_index[position])}); fix the "
+                     f"env, or wrap it to replace such values, as flowrl does not train on NaN or inf")
 
 
 class RolloutWorker(ParallelIteratorWorker):
@@ -136,6 +185,8 @@ class RolloutWorker(ParallelIteratorWorker):
         stacked = {k: _env_major(v) for k, v in columns.items()}
         policy.complete_fragment(stacked)
         eps_ids, ts = self._number_episodes(stacked[TERMINATEDS] | stacked[TRUNCATEDS])
+        check_finite_env_output(stacked, eps_ids, ts, np.broadcast_to(np.arange(env.num_envs)[:, None], ts.shape),
+                                env=self.config.env, worker_index=self.worker_index)
         return [SampleBatch._of_checked({**{k: v[i] for k, v in stacked.items()}, EPS_ID: eps_ids[i], T: ts[i],
                                          ENV_ID: np.full(steps, i, dtype=np.int64)}) for i in range(env.num_envs)]
 
@@ -238,6 +289,8 @@ class RolloutWorker(ParallelIteratorWorker):
         for (_, aid), cols in rows.items():
             policy_id = self.mapping(aid)
             batch = SampleBatch({k: np.asarray(v) for k, v in cols.items()})
+            check_finite_env_output(batch, batch[EPS_ID], batch[T], batch[ENV_ID], env=self.config.env,
+                                    worker_index=self.worker_index)
             for piece in batch.split_by_episode():
                 per_policy.setdefault(policy_id, []).append(self.policy_map[policy_id].postprocess_trajectory(piece))
         return MultiAgentBatch({pid: SampleBatch.concat(b) for pid, b in per_policy.items()},

@@ -34,7 +34,7 @@ import torch
 
 from flowrl.algorithms import Algorithm
 from flowrl.algorithms.dqn import NSTEP_DISCOUNTS, DQNConfig, DQNPolicy
-from flowrl.config import PolicyConfig, num_workers_that_fit
+from flowrl.config import PolicyConfig, check_finite_fields, num_workers_that_fit
 from flowrl.iter import LocalIterator
 from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, Dequeue, Enqueue, ParallelRollouts,
                         RecordLearnerOutput, Replay, StandardMetricsReporting, StoreToReplayBuffer,
@@ -107,6 +107,7 @@ class ApexConfig(DQNConfig):
     learner_queue_size: int = 16
 
     def __post_init__(self) -> None:
+        check_finite_fields(self)  # before the num_gpus check below, which runs ahead of the inherited checks
         if self.num_gpus > 1:
             raise ValueError(f"num_gpus={self.num_gpus}: Ape-X trains on one learner device; use num_gpus=0 (CPU) "
                              f"or num_gpus=1")

@@ -412,8 +412,14 @@ class DQNPolicy(Policy):
         return loss, stats
 
     def learn_on_tensors(self, tensors: TensorBatch) -> dict[str, Any]:
-        """One optimizer step; ``{"learner_stats": ..., "td_error": [B]}``."""
-        return {**super().learn_on_tensors(tensors), TD_ERROR: self._td_error}
+        """One optimizer step; ``{"learner_stats": ..., "td_error": [B]}``. A TD error that is not finite (the
+        update was then skipped, see ``on_nonfinite_update``) is reported as 0, so its row gets the lowest
+        replay priority instead of a NaN one."""
+        info = super().learn_on_tensors(tensors)
+        td_error = self._td_error
+        if not np.isfinite(td_error).all():
+            td_error = np.where(np.isfinite(td_error), td_error, 0.0).astype(td_error.dtype)
+        return {**info, TD_ERROR: td_error}
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
         grads, info = super().compute_gradients(batch)

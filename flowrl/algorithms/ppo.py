@@ -22,7 +22,7 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -63,10 +63,13 @@ class PPOConfig(TrainerConfig):
             when the sampled KL exceeds twice the target and by 0.5 when it is below half of it.
         clip_param: the surrogate's ratio clip ``epsilon`` (0.3).
         vf_clip_param: how far a value prediction may move from the sampled ``vf_preds`` before its loss is
-            clipped (10.0); scale it with the returns.
+            clipped (10.0); scale it with the returns; ``float('inf')`` turns value clipping off (the one float
+            field that may be infinite).
         vf_loss_coeff: weight of the value loss (1.0).
         entropy_coeff: weight of the entropy bonus (0.0).
     """
+
+    infinite_ok_fields: ClassVar[frozenset[str]] = frozenset({"vf_clip_param"})
 
     train_batch_size: int = 4000
     sgd_minibatch_size: int = 128

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 
@@ -158,6 +160,36 @@ def _missing_dependency(env: object, err: gymnasium.error.DependencyNotInstalled
     return ValueError(f"env {label} needs a package that is not installed: {reason}")
 
 
+_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def _accepted_keywords(env_id: str) -> list[str] | None:
+    """The keyword arguments the constructor of a registered id takes (``None``: any, or unknown)."""
+    try:
+        entry = gymnasium.registry[env_id].entry_point
+        creator = gymnasium.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        params = list(inspect.signature(creator).parameters.values()) if creator is not None else []
+    except (AttributeError, ImportError, TypeError, ValueError, KeyError):  # a probe for the message only
+        return None
+    if not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+
+
+def _rejected_keyword(env: object, ctx: EnvContext, err: TypeError) -> ValueError | None:
+    """A ``TypeError`` about a keyword of the env config as one line naming the env, the keyword and what the env
+    accepts; ``None`` when the error is about something else."""
+    match = _UNEXPECTED_KEYWORD.search(str(err))
+    if match is None or match.group(1) not in ctx.config:
+        return None
+    label = repr(env) if isinstance(env, str) else getattr(env, "__qualname__", repr(env))
+    accepted = _accepted_keywords(env.partition(":")[2] or env) if isinstance(env, str) else None
+    takes = (f"it takes {', '.join([*accepted, 'max_episode_steps', 'disable_env_checker'])}; "
+             if accepted is not None else "")
+    return ValueError(f"env {label} does not accept {match.group(1)} (env_config={dict(ctx.config)!r}); {takes}"
+                      f"drop or rename it in env_config")
+
+
 def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
     """Builds one env: ``gymnasium.make(env, **ctx.config)`` for an id, ``env(ctx)`` for a callable.
 
@@ -170,10 +202,11 @@ def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
 
     Raises:
         ValueError: an unknown id (the message lists the closest registered ids and keeps gymnasium's hint),
-            or an env that needs an optional package which is not installed (the message gives the pip
-            command, e.g. ``pip install "gymnasium[box2d]"`` or ``pip install ale-py``).
+            an env that needs an optional package which is not installed (the message gives the pip
+            command, e.g. ``pip install "gymnasium[box2d]"`` or ``pip install ale-py``), or an env that does not
+            accept a keyword of ``ctx.config`` (the message names the env and the keyword).
         TypeError: ``env`` is neither a string nor callable, the callable returned something that is not a
-            ``gymnasium.Env``, or ``gymnasium.make`` rejected the config's keyword arguments.
+            ``gymnasium.Env``, or ``gymnasium.make`` rejected the config's keyword arguments otherwise.
 
     Examples:
         >>> make_env("CartPole-v1", EnvContext(config={"max_episode_steps": 5})).spec.max_episode_steps
@@ -182,6 +215,10 @@ def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
         Traceback (most recent call last):
         ...
         ValueError: unknown gymnasium env id 'CartPol-v1': Environment `CartPol` doesn't exist. ...
+        >>> make_env("CartPole-v1", EnvContext(config={"no_such_kw": 1}))
+        Traceback (most recent call last):
+        ...
+        ValueError: env 'CartPole-v1' does not accept no_such_kw (env_config={'no_such_kw': 1}); it takes ...
     """
     if isinstance(env, str):
         name = _check_registered(env)
@@ -190,6 +227,9 @@ def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
         except gymnasium.error.DependencyNotInstalled as err:
             raise _missing_dependency(env, err) from err
         except TypeError as err:
+            rejected = _rejected_keyword(env, ctx, err)
+            if rejected is not None:
+                raise rejected from err
             raise TypeError(f"gymnasium.make({env!r}, **config) rejected the env config {dict(ctx.config)!r}: {err}; "
                             f"fix or drop the offending keys") from err
     if not callable(env):
@@ -198,6 +238,11 @@ def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
         made = env(ctx)
     except gymnasium.error.DependencyNotInstalled as err:
         raise _missing_dependency(env, err) from err
+    except TypeError as err:
+        rejected = _rejected_keyword(env, ctx, err)
+        if rejected is None:
+            raise
+        raise rejected from err
     if not isinstance(made, gymnasium.Env):
         name = getattr(env, "__qualname__", repr(env))
         raise TypeError(f"env callable {name} returned {type(made).__name__} ({made!r:.80}), not a gymnasium.Env; "

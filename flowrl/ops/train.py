@@ -34,7 +34,7 @@ from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, APPLY_GRADS_TIMER, COMP
                             STEPS_TRAINED_COUNTER, STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER,
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
 from flowrl.ops._common import check_batch, check_int, record_staleness, staleness_info
-from flowrl.policy import Policy
+from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy
 from flowrl.profiling import Summary
 from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.workers import WorkerSet
@@ -91,11 +91,15 @@ def _record_trained(metrics: MetricsContext, batch: AnyBatch, learner_info: Lear
 
 
 def _mean_stats(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Element-wise mean of numeric stats over a list of stats dicts; other values: the last one."""
+    """Element-wise mean of numeric stats over a list of stats dicts; other values, and the running count of skipped
+    non-finite updates: the last one."""
     out: dict[str, Any] = {}
     keys = list(dict.fromkeys(k for s in stats for k in s))
     for key in keys:
         values = [s[key] for s in stats if key in s]
+        if key == NONFINITE_UPDATES_SKIPPED:
+            out[key] = values[-1]
+            continue
         try:
             mean = np.mean(np.asarray(values, dtype=np.float64), axis=0)
         except (TypeError, ValueError):
@@ -448,7 +452,10 @@ class MultiGPUTrainOneStep(MetricsBinding):
             return stats
         results = [policy.compute_gradients(tower[rows]) for tower in towers]
         policy.apply_gradients(_tree_mean([grads for grads, _ in results]))
-        return _mean_stats([info[LEARNER_STATS_KEY] for _, info in results])
+        mean = _mean_stats([info[LEARNER_STATS_KEY] for _, info in results])
+        if policy.num_nonfinite_updates_skipped:
+            mean[NONFINITE_UPDATES_SKIPPED] = policy.num_nonfinite_updates_skipped
+        return mean
 
     def __call__(self, batch: AnyBatch) -> tuple[AnyBatch, LearnerInfo]:
         check_batch(batch, self)

@@ -61,7 +61,7 @@ def test_config_has_dqn_defaults_and_is_frozen() -> None:
     ({"target_network_update_freq": 2.5}, "target_network_update_freq=2.5 must be an int >= 0"),
     ({"training_intensity": 0}, "training_intensity=0 must be a finite number > 0"),
     ({"training_intensity": -2.0}, "training_intensity=-2.0 must be a finite number > 0"),
-    ({"training_intensity": math.inf}, "training_intensity=inf must be a finite number > 0"),
+    ({"training_intensity": math.inf}, "training_intensity=inf must be a finite number, or None"),
     ({"final_epsilon": 1.5}, "final_epsilon=1.5 must be a probability in [0, 1]"),
     ({"prioritized_replay_alpha": 0.0}, "prioritized_replay_alpha=0.0 must be > 0 with prioritized_replay=True; "
                                         "raise it (e.g. 0.6) or set prioritized_replay=False"),
