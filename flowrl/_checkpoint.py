@@ -47,7 +47,7 @@ if sys.platform != "win32":
     import fcntl
 
 __all__ = ["FORMAT_VERSION", "write_checkpoint", "read_checkpoint", "checkpoint_algorithm", "find_checkpoint",
-           "sweep_checkpoint_dir", "check_tree", "restoring", "check_env_named"]
+           "sweep_checkpoint_dir", "check_tree", "restoring", "check_env_named", "fsync_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def _write_synced(path: Path, write: Any) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Flushes ``directory``'s entries (the names created or renamed in it) to the disk (not on Windows, where
     a directory cannot be opened to fsync it)."""
     if sys.platform == "win32":
@@ -269,7 +269,7 @@ def sweep_checkpoint_dir(directory: Path | str) -> list[str]:
                 final = directory / match["name"]
                 if match["old"] and not final.exists() and (path / _MANIFEST).is_file():
                     os.replace(path, final)
-                    _fsync_dir(directory)
+                    fsync_dir(directory)
                     done.append(f"recovered: {final} (its replacement was killed before it was written)")
                 else:
                     shutil.rmtree(path, ignore_errors=True)
@@ -307,13 +307,13 @@ def write_checkpoint(directory: Path, name: str, tree: Any, *, algorithm: str) -
         manifest = {"format_version": FORMAT_VERSION, "algorithm": algorithm,
                     "sha256": {f: _sha256(tmp / f) for f in (_TREE, _ARRAYS)}}
         _write_synced(tmp / _MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             locks.enter_context(_locked(final, wait=True))  # held by it while it is aside
             old = Path(tempfile.mkdtemp(prefix=f".{name}.old.", dir=directory))
             os.replace(final, old)  # onto the empty directory mkdtemp made
         os.replace(tmp, final)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     except BaseException:
         if old is not None and not final.exists():
             os.replace(old, final)  # put the previous checkpoint back

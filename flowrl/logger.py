@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
+from flowrl._checkpoint import fsync_dir
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -240,6 +242,7 @@ def _replace_text(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)  # the rename itself survives a power loss
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise OSError(e.errno, e.strerror, str(path)) from e
@@ -366,7 +369,9 @@ def _recorded_target(run_dir: Path) -> float | None:
 
 def record_checkpoint(run_dir: str | Path, checkpoint: str | Path, *, checkpoint_dir: str | Path) -> None:
     """Records ``checkpoint`` as the run's latest, and ``checkpoint_dir`` as where the run writes its
-    checkpoints, in ``run_dir/run_info.json`` (rewritten atomically).
+    checkpoints, in ``run_dir/run_info.json`` (rewritten atomically). The run's ``progress.csv`` and
+    ``result.json`` are fsynced first, so after a power loss the logs hold at least the rows the recorded
+    checkpoint has (rows are appended without an fsync each).
 
     ``flowrl train`` records every checkpoint it writes, and, on ``--resume``, the checkpoint it resumes
     from before anything else: the run's newest branch starts there, even while older checkpoints with
@@ -382,6 +387,10 @@ def record_checkpoint(run_dir: str | Path, checkpoint: str | Path, *, checkpoint
         (('checkpoints', 'checkpoint_000005'), True)
     """
     run_dir = Path(run_dir)
+    for log in (run_dir / PROGRESS_CSV, run_dir / RESULT_JSON):  # the rows through the checkpoint: as durable
+        if log.is_file():
+            with open(log, "rb") as f:
+                os.fsync(f.fileno())
     _update_run_info(run_dir, latest_checkpoint=_relative_to(Path(checkpoint), run_dir),
                      checkpoint_dir=_relative_to(Path(checkpoint_dir), run_dir))
 
