@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Se
 
 import numpy as np
 
-from flowrl.config import RolloutConfig
+from flowrl.config import RolloutConfig, TrainerConfig
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator, ParallelIteratorWorker
 from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, OBS, REWARDS, TD_ERROR, WEIGHTS_VERSION, AnyBatch,
                                  MultiAgentBatch, SampleBatch)
 
 if TYPE_CHECKING:
+    from flowrl.trainer import Trainer
     from flowrl.workers import WorkerSet
 
 __all__ = ["iter_list", "plan_lines", "fake_batch", "FakeConfig", "FakePolicy", "FakeWorker", "make_fake_workers",
@@ -264,6 +265,38 @@ def make_fake_workers(num_workers: int = 2, **config: Any) -> WorkerSet:
 
     cfg = FakeConfig(**{"rollout_fragment_length": 100, **config, "num_workers": num_workers})
     return WorkerSet(policy_class=None, config=cfg, worker_class=FakeWorker)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FakeTrainerConfig(FakeConfig, TrainerConfig):
+    """:class:`FakeConfig`'s simulated work with a trainer's fields (recovery, reporting), for
+    :func:`make_fake_trainer`."""
+
+
+def tiny_pg_plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
+    """The PG plan: bulk-sync rollouts, ``ConcatBatches(train_batch_size)``, ``TrainOneStep``, reports."""
+    from flowrl.ops import ConcatBatches, ParallelRollouts, StandardMetricsReporting, TrainOneStep
+
+    train_op = (ParallelRollouts(workers, mode="bulk_sync")
+                .combine(ConcatBatches(config.train_batch_size))
+                .for_each(TrainOneStep(workers)))
+    return StandardMetricsReporting(train_op, workers, config)
+
+
+def make_fake_trainer(config: FakeTrainerConfig) -> Trainer:
+    """A :class:`~flowrl.trainer.Trainer` of :func:`tiny_pg_plan` (algorithm ``"fake_pg"``) whose remote workers are
+    :class:`FakeWorker` actors: no torch in them, so each starts in about a second; the local worker is a
+    FakeWorker too. For tests of the trainer's own work: recovery, reports, checkpoints."""
+    from flowrl._tiny_pg import TinyPGPolicy
+    from flowrl.algorithms import Algorithm
+    from flowrl.trainer import Trainer
+    from flowrl.workers import WorkerSet
+
+    class FakeWorkerTrainer(Trainer):
+        def _make_workers(self, config: TrainerConfig) -> WorkerSet:
+            return WorkerSet(policy_class=None, config=config, worker_class=FakeWorker)
+
+    return FakeWorkerTrainer(Algorithm("fake_pg", FakeTrainerConfig, TinyPGPolicy, tiny_pg_plan), config)
 
 
 def __getattr__(name: str) -> Any:

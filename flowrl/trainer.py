@@ -141,7 +141,7 @@ class Trainer:
             logger.warning("%s", batch_warning)
         if config.num_workers:
             runtime.ensure_initialized()
-        self.workers = WorkerSet(policy_class=self.algorithm.policy_class, config=config)
+        self.workers = self._make_workers(config)
         make_state = self.algorithm.make_owned_state
         self.owned_state: dict[str, Any] = dict(make_state(config)) if make_state is not None else {}
         self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
@@ -150,6 +150,10 @@ class Trainer:
         except BaseException:
             self._release()  # a plan that cannot be built leaves no worker or owned actor behind
             raise
+
+    def _make_workers(self, config: TrainerConfig) -> WorkerSet:
+        """The WorkerSet the plan runs over (:func:`flowrl.testing.make_fake_trainer` makes fake ones)."""
+        return WorkerSet(policy_class=self.algorithm.policy_class, config=config)
 
     @classmethod
     def from_checkpoint(cls, checkpoint_path: str | Path, *, env: str | None = None) -> Trainer:

@@ -11,29 +11,17 @@ import math
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 import ray
 
 from flowrl.algorithms import Algorithm
 from flowrl.config import TrainerConfig
-from flowrl.iter import LocalIterator
 from flowrl.logger import RunLogger, flatten_result
-from flowrl.ops.metrics import StandardMetricsReporting
-from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
-from flowrl.ops.train import TrainOneStep
-from flowrl.testing import FakeConfig, FakeWorker, TinyPGPolicy
+from flowrl.testing import FakeTrainerConfig, TinyPGPolicy, make_fake_trainer, tiny_pg_plan
 from flowrl.trainer import Trainer
-from flowrl.workers import WorkerSet
 
-
-def pg_plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
-    train_op = (ParallelRollouts(workers, mode="bulk_sync")
-                .combine(ConcatBatches(config.train_batch_size))
-                .for_each(TrainOneStep(workers)))
-    return StandardMetricsReporting(train_op, workers, config)
-
+pg_plan = tiny_pg_plan
 
 TINY_PG = Algorithm("tiny_pg", TrainerConfig, TinyPGPolicy, pg_plan)
 CFG = TrainerConfig(num_workers=0, rollout_fragment_length=50, train_batch_size=100, seed=3, lr=0.01)
@@ -76,24 +64,8 @@ def test_a_checkpoint_written_before_the_window_was_saved_still_restores(tmp_pat
 
 # -- a plan rebuilt after a worker failure (fake workers) -------------------------------------------
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FakeTrainerConfig(FakeConfig, TrainerConfig):
-    pass
-
-
-class _FakeSetTrainer(Trainer):
-    """A Trainer over FakeWorker actors (no torch in the workers)."""
-
-    def __init__(self, config: FakeTrainerConfig) -> None:
-        self.algorithm = Algorithm("fake_pg", FakeTrainerConfig, TinyPGPolicy, pg_plan)
-        self.config = config
-        self.workers = WorkerSet(policy_class=None, config=config, worker_class=FakeWorker)
-        self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
-        self._plan = self._build_plan()
-
-
 def test_a_plan_rebuilt_after_a_worker_failure_goes_on_with_the_window() -> None:
-    trainer = _FakeSetTrainer(FakeTrainerConfig(num_workers=2, rollout_fragment_length=10, train_batch_size=20,
+    trainer = make_fake_trainer(FakeTrainerConfig(num_workers=2, rollout_fragment_length=10, train_batch_size=20,
                                                 recreate_failed_workers=True))
     try:
         before = trainer.train()["hist_stats"]["episode_reward"]

@@ -19,17 +19,12 @@ from flowrl.iter import LocalIterator
 from flowrl.ops.metrics import StandardMetricsReporting
 from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
 from flowrl.ops.train import TrainOneStep
-from flowrl.testing import FakeConfig, FakeWorker, TinyPGPolicy
+from flowrl.testing import FakeConfig, FakeTrainerConfig, TinyPGPolicy, make_fake_trainer, tiny_pg_plan
 from flowrl.trainer import Trainer
 from flowrl.workers import WorkerSet
 
 
-def pg_plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
-    train_op = (ParallelRollouts(workers, mode="bulk_sync")
-                .combine(ConcatBatches(config.train_batch_size))
-                .for_each(TrainOneStep(workers)))
-    return StandardMetricsReporting(train_op, workers, config)
-
+pg_plan = tiny_pg_plan
 
 TINY_PG = Algorithm("tiny_pg", TrainerConfig, TinyPGPolicy, pg_plan)
 CFG = TrainerConfig(num_workers=0, rollout_fragment_length=25, train_batch_size=50, seed=5, lr=0.01,
@@ -134,22 +129,6 @@ def test_config_class_and_learner_devices_are_checked() -> None:
 
 # -- worker failure (fake workers) -------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FakeTrainerConfig(FakeConfig, TrainerConfig):
-    pass
-
-
-class _FakeSetTrainer(Trainer):
-    """A Trainer over FakeWorker actors (no torch in the workers)."""
-
-    def __init__(self, config: FakeTrainerConfig) -> None:
-        self.algorithm = Algorithm("fake_pg", FakeTrainerConfig, TinyPGPolicy, pg_plan)
-        self.config = config
-        self.workers = WorkerSet(policy_class=None, config=config, worker_class=FakeWorker)
-        self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
-        self._plan = self._build_plan()
-
-
 def kill(actor: Any) -> None:
     pid = ray.get(actor.apply.remote(lambda w: os.getpid()))
     os.kill(pid, signal.SIGKILL)
@@ -159,7 +138,7 @@ def kill(actor: Any) -> None:
 def test_a_killed_worker_is_recreated_or_dropped_and_counters_continue(recreate: bool) -> None:
     config = FakeTrainerConfig(num_workers=2, rollout_fragment_length=10, train_batch_size=20,
                                recreate_failed_workers=recreate, ignore_worker_failures=not recreate)
-    trainer = _FakeSetTrainer(config)
+    trainer = make_fake_trainer(config)
     try:
         closed = []
         trainer.plan.on_close(lambda: closed.append(True))
@@ -182,7 +161,7 @@ def test_a_killed_worker_is_recreated_or_dropped_and_counters_continue(recreate:
 def test_a_worker_failure_propagates_when_neither_flag_is_set() -> None:
     config = FakeTrainerConfig(num_workers=1, rollout_fragment_length=10, train_batch_size=10,
                                recreate_failed_workers=False, ignore_worker_failures=False)
-    trainer = _FakeSetTrainer(config)
+    trainer = make_fake_trainer(config)
     try:
         trainer.train()
         kill(trainer.workers.remote_workers()[0])
