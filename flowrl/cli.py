@@ -376,7 +376,7 @@ def _progress_line(result: Mapping[str, Any], elapsed_s: float) -> str:
     Examples:
         >>> _progress_line({"training_iteration": 1, "timesteps_total": 10, "timesteps_this_iter": 10,
         ...                 "time_this_iter_s": 0.5}, 0.5)
-        'iter    1  env steps        10  reward       - (no episode finished yet)        20 env steps/s  elapsed ...'
+        'iter    1  env steps       10  reward       - (no episode finished yet)      20 steps/s  elapsed ...'
     """
     reward = result.get("episode_reward_mean")
     per_s = result.get("timesteps_this_iter", 0) / max(result.get("time_this_iter_s", 0.0), 1e-9)
@@ -386,8 +386,8 @@ def _progress_line(result: Mapping[str, Any], elapsed_s: float) -> str:
         spread = (f" (min {result['episode_reward_min']:.0f}, max {result['episode_reward_max']:.0f})"
                   if "episode_reward_min" in result and "episode_reward_max" in result else "")
         shown = f"{float(reward):7.1f}{spread}"
-    return (f"iter {result['training_iteration']:4d}  env steps {result.get('timesteps_total', 0):9d}  "
-            f"reward {shown}  {per_s:8.0f} env steps/s  elapsed {elapsed_s:7.1f} s")
+    return (f"iter {result['training_iteration']:4d}  env steps {result.get('timesteps_total', 0):8d}  "
+            f"reward {shown}  {per_s:6.0f} steps/s  elapsed {elapsed_s:6.1f} s")  # ~97 columns
 
 
 class _Progress:
