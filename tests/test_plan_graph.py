@@ -123,6 +123,9 @@ def test_gathers_show_their_kind_arguments_and_the_sharded_source() -> None:
     assert pi.batch_across_shards().describe() == f"batch_across_shards()\n{source}"
     assert pi.get_shard(1).describe() == ("shard[1](num_async=1)\n"
                                           "ParallelIterator[from_range[4, shards=2].for_each(Double)] (1 shard)")
+    # gathered once, so the shard actors exist before their handles go (Ray prints "Failed to register actor"
+    # for an actor dropped before it registered it)
+    assert sorted(pi.gather_sync().take(4)) == [0, 2, 4, 6]
 
 
 class FakeLearner:
@@ -429,6 +432,7 @@ def test_a_parallel_iterator_cannot_enter_a_plan_without_a_gather() -> None:
         Concurrently([iter_list([1]), pi])  # type: ignore[list-item]  # the misuse under test
     with pytest.raises(TypeError, match="call .gather_sync\\(\\) or .gather_async\\(\\)"):
         iter(pi)
+    assert pi.gather_sync().take(2) == [0, 1]  # (the shard actor is up before its handle goes)
 
 
 def test_a_duplicate_child_that_is_never_consumed_is_found() -> None:
