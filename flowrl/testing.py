@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
@@ -297,6 +298,25 @@ def make_fake_trainer(config: FakeTrainerConfig) -> Trainer:
             return WorkerSet(policy_class=None, config=config, worker_class=FakeWorker)
 
     return FakeWorkerTrainer(Algorithm("fake_pg", FakeTrainerConfig, TinyPGPolicy, tiny_pg_plan), config)
+
+
+def tb_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in a run's TensorBoard event files, ``{tag: [(step, value), ...]}`` (TFRecord framing:
+    length, its CRC, data, its CRC)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            event = Event.FromString(data[pos + 12:pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
 
 
 def __getattr__(name: str) -> Any:

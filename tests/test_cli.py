@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 import string
-import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from flowrl.cli import MAIN_JOB, build_config, main
 from flowrl.config import config_from_data, config_to_data
 from flowrl.envs import EnvContext
 from flowrl.evaluation import evaluate_checkpoint
+from flowrl.testing import tb_scalars
 from flowrl.trainer import Trainer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -46,22 +46,6 @@ def read_rows(run_dir: Path) -> list[dict[str, str]]:
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "result.json").read_text().splitlines()]
-
-
-def tb_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in the TensorBoard event files (TFRecord framing: length, its CRC, data, its CRC)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
-        data, pos = path.read_bytes(), 0
-        while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = Event.FromString(data[pos + 12:pos + 12 + length])
-            pos += 12 + length + 4
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from click.testing import CliRunner, Result
 from flowrl._checkpoint import find_checkpoint, write_checkpoint
 from flowrl.cli import main
 from flowrl.logger import record_checkpoint
+from flowrl.testing import tb_scalars
 
 # PG in the driver (no Ray), 200 env steps per report, a tiny model: a report takes a fraction of a second.
 PG = ["train", "pg", "--env", "CartPole-v1", "--seed", "0", "--config", "train_batch_size=200",
@@ -171,22 +171,6 @@ def test_stop_time_abandons_a_report_still_running_at_the_deadline(tmp_path: Pat
     assert not (tmp_path / "run" / "progress.csv").exists() and not (tmp_path / "run" / "checkpoints").exists()
 
 
-def tb_steps(tb_dir: Path, tag: str) -> list[int]:
-    """The steps of ``tag``'s scalars in the TensorBoard event files (TFRecord framing: length, its CRC, data, its
-    CRC)."""
-    from tensorboardX.proto.event_pb2 import Event
-
-    steps = []
-    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
-        data, pos = path.read_bytes(), 0
-        while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = Event.FromString(data[pos + 12:pos + 12 + length])
-            pos += 12 + length + 4
-            steps += [event.step for value in event.summary.value if value.tag == tag]
-    return steps
-
-
 def test_sigterm_leaves_every_log_whole_and_closed_and_exits_143(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from flowrl.trainer import Trainer
@@ -205,5 +189,5 @@ def test_sigterm_leaves_every_log_whole_and_closed_and_exits_143(tmp_path: Path,
     assert result.exit_code == 143, result.output  # 128 + SIGTERM: stopped, not failed
     assert "stopped by SIGTERM after iteration 2; the final checkpoint is" in result.output
     assert iterations(run_dir) == ([1, 2], [1, 2])
-    assert tb_steps(run_dir / "tb", "training_iteration") == [200, 400]  # TensorBoard flushed and closed
+    assert [step for step, _ in tb_scalars(run_dir / "tb")["training_iteration"]] == [200, 400]  # TensorBoard flushed and closed
     assert find_checkpoint(run_dir) == run_dir / "checkpoints" / "checkpoint_000002"
