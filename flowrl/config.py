@@ -12,7 +12,7 @@ Examples:
     >>> RolloutConfig(rollout_fragment_length=0)
     Traceback (most recent call last):
     ...
-    ValueError: rollout_fragment_length=0 must be a positive int (steps per env per sample / envs per worker)
+    ValueError: rollout_fragment_length=0 must be an int >= 1 (steps per env per sample)
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, Uni
 from flowrl.envs.base import EnvSpec, check_seed
 from flowrl.envs.multi_agent import make_policy_mapping
 from flowrl.sample_batch import DEFAULT_POLICY_ID
+from flowrl.validation import bounded, check_bounds
 
 if TYPE_CHECKING:
     from flowrl.policy import Policy
@@ -178,9 +179,9 @@ class PolicyConfig:
     infinite_ok_fields: ClassVar[frozenset[str]] = frozenset()
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    lr: float = 5e-4
-    grad_clip: float | None = None
-    gamma: float = 0.99
+    lr: float = bounded(5e-4, gt=0)
+    grad_clip: float | None = bounded(None, gt=0, meaning="None: no clipping")
+    gamma: float = bounded(0.99, ge=0, le=1, meaning="discount factor")
     device: str = "cpu"
     seed: int | None = None
     numpy_acting: bool = True
@@ -188,15 +189,10 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields(self)
+        check_bounds(self)
         check_seed(self.seed)
         if self.seed is not None and self.seed >= 2**63:
             raise ValueError(f"seed={self.seed} must be below 2**63 (torch seeds take 64-bit ints); pass e.g. seed=0")
-        if not self.lr > 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip={self.grad_clip} must be > 0, or None to disable clipping")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma={self.gamma} must be in [0, 1]")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device={self.device!r}; use 'cpu', 'cuda' or 'cuda:N'")
         if self.on_nonfinite_update not in ("skip", "raise"):
@@ -251,18 +247,19 @@ class RolloutConfig(PolicyConfig):
 
     env: EnvSpec = "CartPole-v1"
     env_config: Mapping[str, Any] = field(default_factory=dict)
-    num_workers: int = 0
-    num_envs_per_worker: int = 1
-    rollout_fragment_length: int = 200
+    num_workers: int = bounded(0, ge=0, meaning="0 samples in the driver")
+    num_envs_per_worker: int = bounded(1, ge=1, meaning="envs stepped together by one worker")
+    rollout_fragment_length: int = bounded(200, ge=1, meaning="steps per env per sample")
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
-    num_cpus_per_worker: float = 1
-    num_gpus_per_worker: float = 0
+    num_cpus_per_worker: float = bounded(1, ge=0, meaning="CPUs each remote worker asks Ray for")
+    num_gpus_per_worker: float = bounded(0, ge=0, meaning="GPUs each remote worker asks Ray for")
     vector_backend: Literal["auto", "loop", "gymnasium"] = "auto"
     policies: Mapping[str, PolicySpec] | None = None
     policy_mapping_fn: Callable[[str], str] | Mapping[str, str] | None = None
     policies_to_train: tuple[str, ...] | None = None
     profile: bool = False
-    sample_timeout_s: float | None = 600.0
+    sample_timeout_s: float | None = bounded(600.0, gt=0, meaning="seconds the driver waits for a remote "
+                                             "worker's sample; None waits forever")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -281,23 +278,8 @@ class RolloutConfig(PolicyConfig):
             unknown = sorted(set(self.policies_to_train) - known)
             if unknown:
                 raise ValueError(f"policies_to_train names unknown policies {unknown}; known: {sorted(known)}")
-        timeout = self.sample_timeout_s
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or
-                                    not 0 < timeout < float("inf")):
-            raise ValueError(f"sample_timeout_s={timeout!r} must be a finite number of seconds > 0 (how long the "
-                             f"driver waits for a remote worker's sample), or None to wait forever")
-        for name in ("rollout_fragment_length", "num_envs_per_worker"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int (steps per env per sample / envs "
-                                 f"per worker)")
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ValueError(f"num_workers={self.num_workers!r} must be an int >= 0 (0 samples in the driver)")
         if self.batch_mode not in ("truncate_episodes", "complete_episodes"):
             raise ValueError(f"batch_mode={self.batch_mode!r}; use 'truncate_episodes' or 'complete_episodes'")
-        if self.num_cpus_per_worker < 0 or self.num_gpus_per_worker < 0:
-            raise ValueError(f"num_cpus_per_worker={self.num_cpus_per_worker} and num_gpus_per_worker="
-                             f"{self.num_gpus_per_worker} must be >= 0")
 
     @property
     def sample_size(self) -> int:
@@ -340,16 +322,17 @@ class TrainerConfig(RolloutConfig):
         store_buffer_in_checkpoints: checkpoints include trainer-owned replay data.
     """
 
-    num_workers: int = field(default_factory=num_workers_that_fit(2, "TrainerConfig"))
-    train_batch_size: int = 200
+    num_workers: int = bounded(default_factory=num_workers_that_fit(2, "TrainerConfig"), ge=0,
+                               meaning="0 samples in the driver")
+    train_batch_size: int = bounded(200, ge=1, meaning="steps per train batch")
     count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps"
-    num_gpus: float = 0
+    num_gpus: float = bounded(0, ge=0, meaning="the learner's GPUs; 0 trains on the CPU")
     _fake_gpus: bool = False
     simple_optimizer: bool | None = None
-    timesteps_per_iteration: int = 0
-    min_iter_time_s: float = 0
-    metrics_smoothing_episodes: int = 100
-    collect_metrics_timeout: float = 180
+    timesteps_per_iteration: int = bounded(0, ge=0, meaning="env steps between reports")
+    min_iter_time_s: float = bounded(0, ge=0, meaning="seconds between reports")
+    metrics_smoothing_episodes: int = bounded(100, ge=0, meaning="episodes in the result statistics' window")
+    collect_metrics_timeout: float = bounded(180, ge=0, meaning="seconds to wait for workers' episode statistics")
     keep_per_episode_custom_metrics: bool = False
     ignore_worker_failures: bool = False
     recreate_failed_workers: bool = True
@@ -357,20 +340,8 @@ class TrainerConfig(RolloutConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.train_batch_size, int) or self.train_batch_size < 1:
-            raise ValueError(f"train_batch_size={self.train_batch_size!r} must be a positive int (steps per "
-                             f"train batch)")
         if self.count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by={self.count_steps_by!r}; use 'env_steps' or 'agent_steps'")
-        if self.num_gpus < 0:
-            raise ValueError(f"num_gpus={self.num_gpus} must be >= 0 (0 trains on the CPU)")
-        for name in ("timesteps_per_iteration", "metrics_smoothing_episodes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r} must be an int >= 0")
-        for name in ("min_iter_time_s", "collect_metrics_timeout"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0 seconds")
 
     @property
     def sample_item_size(self) -> int:

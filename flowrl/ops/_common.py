@@ -8,6 +8,9 @@ import numpy as np
 
 from flowrl.profiling import Summary
 from flowrl.sample_batch import DEFAULT_POLICY_ID, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch
+from flowrl.validation import check_int
+
+__all__ = ["check_batch", "check_int", "record_staleness", "staleness_info"]
 
 
 def check_batch(item: Any, op: object) -> AnyBatch:
@@ -16,12 +19,6 @@ def check_batch(item: Any, op: object) -> AnyBatch:
         raise ValueError(f"{op!r} consumes SampleBatch or MultiAgentBatch items, got {type(item).__name__}: "
                          f"{item!r:.80}; put it after a rollout or replay stage that yields batches")
     return item
-
-
-def check_int(what: str, value: object, low: int, meaning: str = "") -> None:
-    """A ValueError unless ``value`` is an int (not a bool) >= ``low``; ``meaning`` explains the field."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{what}={value!r} must be an int >= {low}" + (f" ({meaning})" if meaning else ""))
 
 
 def record_staleness(staleness: Summary, worker: Any, batch: AnyBatch,

@@ -42,7 +42,7 @@ def test_config_has_a2c_defaults() -> None:
     ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be >= 0"),
     ({"microbatch_size": 0}, "microbatch_size=0 must be a positive int"),
     ({"microbatch_size": 20, "num_gpus": 2, "_fake_gpus": True}, "set microbatch_size=None or simple_optimizer=True"),
-    ({"grad_clip": 0.0}, "grad_clip=0.0 must be > 0, or None"),
+    ({"grad_clip": 0.0}, "grad_clip=0.0 must be a number > 0, or None"),
 ])
 def test_config_validation_names_field_value_and_fix(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

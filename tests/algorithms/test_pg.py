@@ -79,7 +79,7 @@ def test_config_has_pg_defaults_and_is_frozen() -> None:
     assert dataclasses.replace(config, lr=0.1).lr == 0.1
 
 
-@pytest.mark.parametrize("field, value, fix", [("train_batch_size", 0, "positive int"), ("lr", 0.0, "> 0"),
+@pytest.mark.parametrize("field, value, fix", [("train_batch_size", 0, "an int >= 1"), ("lr", 0.0, "> 0"),
                                                ("num_workers", -1, ">= 0"), ("gamma", 1.5, "[0, 1]")])
 def test_config_validation_names_field_value_and_fix(field: str, value: Any, fix: str) -> None:
     with pytest.raises(ValueError, match=re.escape(f"{field}={value}")) as error:

@@ -57,7 +57,7 @@ def test_config_has_rllib_ppo_defaults_and_is_frozen() -> None:
     ({"vf_clip_param": -1.0}, "vf_clip_param=-1.0 must be > 0 (float('inf') turns value clipping off)"),
     ({"vf_loss_coeff": -1.0}, "vf_loss_coeff=-1.0 must be >= 0"),
     ({"entropy_coeff": -0.01}, "entropy_coeff=-0.01 must be >= 0"),
-    ({"lr": 0.0}, "lr=0.0 must be > 0"),
+    ({"lr": 0.0}, "lr=0.0 must be a number > 0"),
 ])
 def test_config_validation_names_field_value_and_fix(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
