@@ -1065,7 +1065,7 @@ def _shown(value: Any, width: int) -> str:
 def algorithms(name: str | None) -> None:
     """List the registered algorithms, or NAME's config fields: default, type and what each does.
 
-    Fields whose name starts with an underscore are internal (e.g. _fake_gpus, for tests) and not listed.
+    Fields whose name starts with an underscore are internal and not listed.
     """
     if name is None:
         for key in sorted(ALGORITHMS):

@@ -306,7 +306,7 @@ class TrainerConfig(RolloutConfig):
         train_batch_size: steps per train batch (``ConcatBatches``' target).
         count_steps_by: ``"env_steps"`` or ``"agent_steps"`` (multi-agent batch sizing).
         num_gpus: the learner's CUDA devices (checked against what torch sees when the trainer starts).
-        _fake_gpus: run the multi-device learner on ``num_gpus`` CPU "devices" (tests, laptops).
+        fake_gpus: run the multi-device learner on ``num_gpus`` CPU "devices" (tests, laptops).
         simple_optimizer: ``None`` resolves to ``True`` when ``num_gpus <= 1``; ``False`` selects
             ``MultiGPUTrainOneStep``. See :attr:`use_simple_optimizer`.
         timesteps_per_iteration: a report waits for at least this many new env steps (0 here: every train step
@@ -327,7 +327,7 @@ class TrainerConfig(RolloutConfig):
     train_batch_size: int = bounded(200, ge=1, meaning="steps per train batch")
     count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps"
     num_gpus: float = bounded(0, ge=0, meaning="the learner's GPUs; 0 trains on the CPU")
-    _fake_gpus: bool = False
+    fake_gpus: bool = False
     simple_optimizer: bool | None = None
     timesteps_per_iteration: int = bounded(0, ge=0, meaning="env steps between reports")
     min_iter_time_s: float = bounded(0, ge=0, meaning="seconds between reports")
@@ -528,8 +528,13 @@ def _from_plain(value: Any, tp: Any) -> Any:
     return value
 
 
+#: fields renamed since checkpoints were first written: old name -> new name (the old data still restores).
+RENAMED_FIELDS = {"_fake_gpus": "fake_gpus"}
+
+
 def _from_fields(config_class: type, fields: Mapping[str, Any]) -> Any:
     types_ = config_field_types(config_class)
+    fields = {RENAMED_FIELDS.get(name, name) if name not in types_ else name: value for name, value in fields.items()}
     unknown = sorted(set(fields) - set(types_))
     if unknown:
         raise ValueError(f"{config_class.__name__} has no fields {unknown}; the data was written by another "

@@ -175,13 +175,13 @@ class Trainer:
         return trainer
 
     def _check_learner_devices(self) -> None:
-        if self.config.num_gpus and not self.config._fake_gpus:
+        if self.config.num_gpus and not self.config.fake_gpus:
             import torch
 
             visible = torch.cuda.device_count()
             if self.config.num_gpus > visible:
                 raise ValueError(f"num_gpus={self.config.num_gpus} but torch sees {visible} CUDA device(s); use "
-                                 f"num_gpus=0, or _fake_gpus=True to run the multi-device path on the CPU")
+                                 f"num_gpus=0, or fake_gpus=True to run the multi-device path on the CPU")
 
     def _build_plan(self) -> LocalIterator[dict[str, Any]]:
         plan = self.algorithm.plan(self.workers, self.config, **getattr(self, "owned_state", {}))

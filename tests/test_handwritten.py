@@ -62,7 +62,7 @@ def assert_reports_like_the_plan(result: dict[str, Any], plan_result: dict[str, 
 @pytest.mark.parametrize("settings", [
     pytest.param({"num_workers": 1, "rollout_fragment_length": 100}, id="1-remote-worker"),
     pytest.param({"num_workers": 2, "rollout_fragment_length": 100}, id="2-remote-workers", marks=pytest.mark.slow),
-    pytest.param({"num_workers": 0, "num_gpus": 2, "_fake_gpus": True}, id="multi-device-2-fake-towers"),
+    pytest.param({"num_workers": 0, "num_gpus": 2, "fake_gpus": True}, id="multi-device-2-fake-towers"),
     pytest.param({"num_workers": 0, "simple_optimizer": False}, id="multi-device-1-cpu-tower"),
 ])
 def test_ppo_ends_with_the_plans_weights(settings: dict[str, Any]) -> None:

@@ -32,12 +32,11 @@ import numpy as np
 import torch
 
 from flowrl.algorithms import Algorithm
-from flowrl.algorithms.pg import train_step
 from flowrl.config import PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops.metrics import StandardMetricsReporting
 from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
-from flowrl.ops.train import ApplyGradients, AverageGradients, ComputeGradients
+from flowrl.ops.train import ApplyGradients, AverageGradients, ComputeGradients, train_one_step
 from flowrl.policy import Policy, TensorBatch
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTIONS, ADVANTAGES, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS,
@@ -215,7 +214,7 @@ def plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[str, Any]]
     else:
         train_op = (rollouts
                     .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
-                    .for_each(train_step(workers, config)))
+                    .for_each(train_one_step(workers, config)))
     return StandardMetricsReporting(train_op, workers, config)
 
 

@@ -37,8 +37,8 @@ from flowrl.config import ModelConfig, PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
 from flowrl.models import (_ACTIVATIONS, _NP_ACTIVATIONS, _block_diag, _ConvEncoder, _linears, _mlp, _np_dense,
                            _NumpyMirror)
-from flowrl.ops import (Concurrently, MultiGPUTrainOneStep, ParallelRollouts, Replay, StandardMetricsReporting,
-                        StoreToReplayBuffer, TrainOneStep, UpdatePriorities, UpdateTargetNetwork)
+from flowrl.ops import (Concurrently, ParallelRollouts, Replay, StandardMetricsReporting, StoreToReplayBuffer,
+                        UpdatePriorities, UpdateTargetNetwork, train_one_step)
 from flowrl.policy import Policy, TensorBatch, column_tensor, make_adam
 from flowrl.postprocessing import compute_nstep
 from flowrl.replay_buffers import LocalReplayBuffer
@@ -489,13 +489,7 @@ def plan(workers: WorkerSet, config: DQNConfig, *,
     replay_op = Replay(local_buffer=buf)
     if (hook := config.before_learn_on_batch) is not None:
         replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
-    if config.use_simple_optimizer:
-        learn: TrainOneStep | MultiGPUTrainOneStep = TrainOneStep(workers)
-    else:
-        learn = MultiGPUTrainOneStep(workers, sgd_minibatch_size=config.train_batch_size, num_sgd_iter=1,
-                                     num_gpus=config.num_gpus,  # type: ignore[arg-type]  # the op checks it is whole
-                                     _fake_gpus=config._fake_gpus)
-    train_op: LocalIterator[Any] = replay_op.for_each(learn)
+    train_op: LocalIterator[Any] = replay_op.for_each(train_one_step(workers, config))
     if config.prioritized_replay:
         train_op = train_op.for_each(UpdatePriorities(buf))
     train_op = train_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))

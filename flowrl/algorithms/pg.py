@@ -13,7 +13,7 @@ Examples:
     >>> PGConfig(train_batch_size=0)
     Traceback (most recent call last):
     ...
-    ValueError: train_batch_size=0 must be a positive int (steps per train batch)
+    ValueError: train_batch_size=0 must be an int >= 1 (steps per train batch)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from flowrl.config import TrainerConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops.metrics import StandardMetricsReporting
 from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
-from flowrl.ops.train import MultiGPUTrainOneStep, TrainOneStep
+from flowrl.ops.train import train_one_step
 from flowrl.policy import Policy, TensorBatch
 from flowrl.postprocessing import discounted_returns
 from flowrl.sample_batch import ACTIONS, OBS, RETURNS, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
@@ -84,14 +84,8 @@ class PGPolicy(Policy):
         return policy_loss, {"entropy": float(dist.entropy().detach().mean())}
 
 
-def train_step(workers: WorkerSet, config: TrainerConfig) -> TrainOneStep | MultiGPUTrainOneStep:
-    """The learn-and-broadcast stage of the sync plans (PG, A2C): ``TrainOneStep``, or, when
-    ``config.use_simple_optimizer`` is False, ``MultiGPUTrainOneStep`` with one epoch over the whole batch."""
-    if config.use_simple_optimizer:
-        return TrainOneStep(workers)
-    return MultiGPUTrainOneStep(workers, sgd_minibatch_size=config.train_batch_size, num_sgd_iter=1,
-                                num_gpus=config.num_gpus,  # type: ignore[arg-type]  # the op checks it is whole
-                                _fake_gpus=config._fake_gpus)
+#: the name this stage had before it became :func:`flowrl.ops.train_one_step` (kept for existing imports)
+train_step = train_one_step
 
 
 def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
@@ -111,7 +105,7 @@ def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, A
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
     train_op = (rollouts
                 .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
-                .for_each(train_step(workers, config)))
+                .for_each(train_one_step(workers, config)))
     return StandardMetricsReporting(train_op, workers, config)
 
 

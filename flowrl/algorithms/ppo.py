@@ -31,8 +31,8 @@ import torch
 from flowrl.algorithms import Algorithm
 from flowrl.config import PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
-from flowrl.ops import (ConcatBatches, MultiGPUTrainOneStep, ParallelRollouts, SelectExperiences, StandardizeFields,
-                        StandardMetricsReporting, TrainOneStep, UpdateKL, WarnAboutBadRewardScales)
+from flowrl.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields, StandardMetricsReporting,
+                        UpdateKL, WarnAboutBadRewardScales, train_one_step)
 from flowrl.policy import Policy, TensorBatch, column_tensor
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS,
@@ -242,14 +242,8 @@ def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]
         200
     """
     rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    if config.use_simple_optimizer:
-        learn: TrainOneStep | MultiGPUTrainOneStep = TrainOneStep(
-            workers, num_sgd_iter=config.num_sgd_iter, sgd_minibatch_size=config.sgd_minibatch_size)
-    else:
-        learn = MultiGPUTrainOneStep(workers, sgd_minibatch_size=config.sgd_minibatch_size,
-                                     num_sgd_iter=config.num_sgd_iter, shuffle_sequences=config.shuffle_sequences,
-                                     num_gpus=config.num_gpus,  # type: ignore[arg-type]  # the op checks it is whole
-                                     _fake_gpus=config._fake_gpus)
+    learn = train_one_step(workers, config, num_sgd_iter=config.num_sgd_iter,
+                           sgd_minibatch_size=config.sgd_minibatch_size, shuffle_sequences=config.shuffle_sequences)
     train_op = (rollouts
                 .for_each(SelectExperiences(workers.local_worker().policies_to_train))
                 .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))

@@ -18,13 +18,13 @@ from flowrl.ops.replay import (MixInReplay, Replay, StoreToReplayBuffer, UpdateP
 from flowrl.ops.rollout import AsyncGradients, ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields
 from flowrl.ops.train import (ApplyGradients, AverageGradients, BroadcastUpdateLearnerWeights, BroadcastWeights,
                               ComputeGradients, LearnOnBatch, MultiGPUTrainOneStep, RecordLearnerOutput, TrainOneStep,
-                              UpdateKL, UpdateTargetAndKL, UpdateTargetNetwork, UpdateWorkerWeights)
+                              UpdateKL, UpdateTargetAndKL, UpdateTargetNetwork, UpdateWorkerWeights, train_one_step)
 
 __all__ = [
     # rollout
     "ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields",
     # train
-    "TrainOneStep", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep", "ComputeGradients",
+    "TrainOneStep", "train_one_step", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep", "ComputeGradients",
     "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
     "BroadcastUpdateLearnerWeights", "RecordLearnerOutput", "UpdateTargetAndKL",
     # replay

@@ -39,7 +39,7 @@ from flowrl.profiling import Summary
 from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.workers import WorkerSet
 
-__all__ = ["TrainOneStep", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep",
+__all__ = ["TrainOneStep", "train_one_step", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep",
            "ComputeGradients", "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
            "BroadcastUpdateLearnerWeights", "RecordLearnerOutput", "UpdateTargetAndKL"]
 
@@ -353,12 +353,32 @@ class UpdateKL(MetricsBinding):
 
 # -- multi-device learner -------------------------------------------------------------------------
 
+def train_one_step(workers: WorkerSet, config: Any, *, num_sgd_iter: int = 1, sgd_minibatch_size: int = 0,
+                   shuffle_sequences: bool = True) -> TrainOneStep | MultiGPUTrainOneStep:
+    """The learn-and-broadcast stage a plan's config asks for: :class:`TrainOneStep` when
+    ``config.use_simple_optimizer`` (one learner device), else :class:`MultiGPUTrainOneStep` on
+    ``config.num_gpus`` devices (``config.fake_gpus``: CPU stand-ins), whose minibatches are
+    ``sgd_minibatch_size`` rows (0: the whole train batch, ``config.train_batch_size``).
+
+    Examples:
+        >>> from flowrl.config import TrainerConfig
+        >>> from flowrl.testing import make_fake_workers
+        >>> train_one_step(make_fake_workers(0), TrainerConfig(num_workers=0))
+        TrainOneStep
+    """
+    if config.use_simple_optimizer:
+        return TrainOneStep(workers, num_sgd_iter=num_sgd_iter, sgd_minibatch_size=sgd_minibatch_size)
+    return MultiGPUTrainOneStep(workers, sgd_minibatch_size=sgd_minibatch_size or config.train_batch_size,
+                                num_sgd_iter=num_sgd_iter, shuffle_sequences=shuffle_sequences,
+                                num_gpus=config.num_gpus, fake_gpus=config.fake_gpus)
+
+
 class MultiGPUTrainOneStep(MetricsBinding):
     """Loads each batch onto the learner device(s) once, then runs ``num_sgd_iter`` epochs of minibatch SGD
     split across the devices; emits ``(batch, learner_info)`` and broadcasts like TrainOneStep.
 
     Use with ``.for_each()``. Devices ("towers"): ``num_gpus`` CUDA devices, one CPU device when
-    ``num_gpus == 0``, or ``num_gpus`` CPU towers with ``_fake_gpus=True``. Each trained policy's rows
+    ``num_gpus == 0``, or ``num_gpus`` CPU towers with ``fake_gpus=True``. Each trained policy's rows
     (permuted once when ``shuffle_sequences``) are split evenly across the towers; a remainder of fewer
     than ``num_devices`` rows is dropped but counted. Each epoch visits a random permutation of the
     ``max(1, rows_per_device // (sgd_minibatch_size // num_devices))`` minibatch offsets; each step
@@ -374,7 +394,7 @@ class MultiGPUTrainOneStep(MetricsBinding):
 
     Raises:
         ValueError: ``sgd_minibatch_size // num_devices < 1``, ``num_sgd_iter < 1``, ``num_gpus`` more than
-            torch sees (or > 1 without ``_fake_gpus``), or a trained policy that is not a torch
+            torch sees (or > 1 without ``fake_gpus``), or a trained policy that is not a torch
             :class:`~flowrl.policy.Policy` on the towers' device type.
 
     Examples:
@@ -382,15 +402,15 @@ class MultiGPUTrainOneStep(MetricsBinding):
         >>> from flowrl.workers import RolloutConfig, WorkerSet
         >>> cfg = RolloutConfig(env="CartPole-v1", rollout_fragment_length=32, seed=0)
         >>> workers = WorkerSet(policy_class=TinyPGPolicy, config=cfg)
-        >>> op = MultiGPUTrainOneStep(workers, sgd_minibatch_size=8, num_sgd_iter=2, num_gpus=2, _fake_gpus=True)
+        >>> op = MultiGPUTrainOneStep(workers, sgd_minibatch_size=8, num_sgd_iter=2, num_gpus=2, fake_gpus=True)
         >>> op.bind(metrics := MetricsContext())
         >>> batch, info = op(workers.local_worker().sample())
         >>> sorted(info["default_policy"]["learner_stats"]), metrics.counters["num_steps_trained"]
         (['loss', 'mean_logp'], 32)
     """
 
-    def __init__(self, workers: WorkerSet, *, sgd_minibatch_size: int, num_sgd_iter: int, num_gpus: int,
-                 policies: Collection[str] | None = None, shuffle_sequences: bool = True, _fake_gpus: bool = False,
+    def __init__(self, workers: WorkerSet, *, sgd_minibatch_size: int, num_sgd_iter: int, num_gpus: float,
+                 policies: Collection[str] | None = None, shuffle_sequences: bool = True, fake_gpus: bool = False,
                  broadcast: bool = True) -> None:
         name = type(self).__name__
         self.workers = _check_workers(workers, name)
@@ -399,18 +419,18 @@ class MultiGPUTrainOneStep(MetricsBinding):
         if isinstance(num_gpus, bool) or not isinstance(num_gpus, (int, float)) or num_gpus < 0 or \
                 not float(num_gpus).is_integer():
             raise ValueError(f"{name} num_gpus={num_gpus!r} must be a whole number >= 0 (0: one CPU device)")
-        num_gpus = int(num_gpus)
-        if num_gpus > 0 and not _fake_gpus:
+        whole_gpus = int(num_gpus)
+        if whole_gpus > 0 and not fake_gpus:
             visible = torch.cuda.device_count()
             if num_gpus > visible:
                 raise ValueError(f"{name} num_gpus={num_gpus} but torch sees {visible} CUDA device(s); lower "
-                                 f"num_gpus, or set _fake_gpus=True to simulate {num_gpus} towers on the CPU")
+                                 f"num_gpus, or set fake_gpus=True to simulate {num_gpus} towers on the CPU")
             if num_gpus > 1:
                 raise ValueError(f"{name} num_gpus={num_gpus}: several real GPUs need one model replica per GPU, "
                                  f"which flowrl's Policy (one model on config.device) does not provide; use "
-                                 f"num_gpus=1 or _fake_gpus=True")
-        self.num_devices = max(1, num_gpus)
-        self.device_type = "cuda" if num_gpus > 0 and not _fake_gpus else "cpu"
+                                 f"num_gpus=1 or fake_gpus=True")
+        self.num_devices = max(1, whole_gpus)
+        self.device_type = "cuda" if whole_gpus > 0 and not fake_gpus else "cpu"
         if not isinstance(sgd_minibatch_size, int) or sgd_minibatch_size // self.num_devices < 1:
             raise ValueError(f"{name} sgd_minibatch_size={sgd_minibatch_size!r} over {self.num_devices} device(s) "
                              f"leaves < 1 row per device; use sgd_minibatch_size >= {self.num_devices}")
@@ -422,10 +442,10 @@ class MultiGPUTrainOneStep(MetricsBinding):
                 raise ValueError(f"{name} trains torch policies (flowrl.policy.Policy); policy {pid!r} is a "
                                  f"{type(policy).__name__}; use TrainOneStep for other policies")
             if policy.device.type != self.device_type:
-                raise ValueError(f"{name}(num_gpus={num_gpus}, _fake_gpus={_fake_gpus}) loads onto "
+                raise ValueError(f"{name}(num_gpus={whole_gpus}, fake_gpus={fake_gpus}) loads onto "
                                  f"{self.device_type} but policy {pid!r} lives on {policy.device}; set the "
                                  f"config's device='{self.device_type}' or change num_gpus")
-        self.num_gpus, self.fake_gpus = num_gpus, _fake_gpus
+        self.num_gpus, self.fake_gpus = whole_gpus, fake_gpus
         self.sgd_minibatch_size, self.num_sgd_iter = sgd_minibatch_size, num_sgd_iter
         self.per_device_minibatch = sgd_minibatch_size // self.num_devices
         self.shuffle_sequences = shuffle_sequences

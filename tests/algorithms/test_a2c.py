@@ -41,7 +41,7 @@ def test_config_has_a2c_defaults() -> None:
     ({"vf_loss_coeff": -1.0}, "vf_loss_coeff=-1.0 must be >= 0"),
     ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be >= 0"),
     ({"microbatch_size": 0}, "microbatch_size=0 must be a positive int"),
-    ({"microbatch_size": 20, "num_gpus": 2, "_fake_gpus": True}, "set microbatch_size=None or simple_optimizer=True"),
+    ({"microbatch_size": 20, "num_gpus": 2, "fake_gpus": True}, "set microbatch_size=None or simple_optimizer=True"),
     ({"grad_clip": 0.0}, "grad_clip=0.0 must be a number > 0, or None"),
 ])
 def test_config_validation_names_field_value_and_fix(kwargs: dict[str, Any], message: str) -> None:
@@ -151,7 +151,7 @@ TAIL = ".filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics)]"
     ({}, "combine(ConcatBatches(40)).for_each(TrainOneStep)"),
     ({"microbatch_size": 15}, "combine(ConcatBatches(15)).for_each(ComputeGradients).batch(3)"
                               ".for_each(AverageGradients).for_each(ApplyGradients)"),
-    ({"num_gpus": 2, "_fake_gpus": True}, "combine(ConcatBatches(40)).for_each(MultiGPUTrainOneStep(2 fake cpu))"),
+    ({"num_gpus": 2, "fake_gpus": True}, "combine(ConcatBatches(40)).for_each(MultiGPUTrainOneStep(2 fake cpu))"),
 ])
 def test_plan_variants_read_like_the_figure(kwargs: dict[str, Any], middle: str) -> None:
     config = dataclasses.replace(SMALL, **kwargs)

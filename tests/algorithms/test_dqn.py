@@ -67,7 +67,7 @@ def test_config_has_dqn_defaults_and_is_frozen() -> None:
                                         "raise it (e.g. 0.6) or set prioritized_replay=False"),
     ({"prioritized_replay_beta": -0.1}, "prioritized_replay_beta=-0.1 must be >= 0"),
     ({"replay_mode": "lockstep"}, "set prioritized_replay=False or replay_mode='independent'"),
-    ({"num_gpus": 2, "_fake_gpus": True}, "set prioritized_replay=False or simple_optimizer=True"),
+    ({"num_gpus": 2, "fake_gpus": True}, "set prioritized_replay=False or simple_optimizer=True"),
     ({"hiddens": (0,)}, "hiddens=(0,) must be positive ints"),
     ({"huber_delta": 0.0}, "huber_delta=0.0 must be > 0"),
 ])

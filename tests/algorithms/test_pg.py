@@ -153,7 +153,7 @@ def test_plan_reads_like_the_figure_and_counts_steps() -> None:
 
 
 def test_plan_uses_the_multi_device_learner_without_the_simple_optimizer() -> None:
-    config = PGConfig(seed=0, num_gpus=2, _fake_gpus=True, timesteps_per_iteration=0)
+    config = PGConfig(seed=0, num_gpus=2, fake_gpus=True, timesteps_per_iteration=0)
     assert not config.use_simple_optimizer
     results = plan(WorkerSet(policy_class=PGPolicy, config=config), config)
     assert ".for_each(MultiGPUTrainOneStep(2 fake cpu))." in repr(results)

@@ -276,7 +276,7 @@ TAIL = (".for_each(UpdateKL).filter(ReportGate(0 steps, 0 s)).for_each(CollectMe
 
 @pytest.mark.parametrize("kwargs, learner", [
     ({}, "TrainOneStep"),
-    ({"num_gpus": 2, "_fake_gpus": True}, "MultiGPUTrainOneStep(2 fake cpu)"),
+    ({"num_gpus": 2, "fake_gpus": True}, "MultiGPUTrainOneStep(2 fake cpu)"),
     ({"simple_optimizer": False}, "MultiGPUTrainOneStep(1 cpu)"),
 ])
 def test_plan_reads_like_the_figure(kwargs: dict[str, Any], learner: str) -> None:

@@ -188,7 +188,7 @@ def test_the_a3c_path_never_applies_a_nan_gradient() -> None:
 def test_the_multi_device_learner_skips_a_nan_minibatch_and_reports_the_count(fake_gpus: int) -> None:
     workers, batch = poisoned("ppo", num_sgd_iter=2)
     w = workers.local_worker()
-    op = MultiGPUTrainOneStep(workers, sgd_minibatch_size=32, num_sgd_iter=2, num_gpus=fake_gpus, _fake_gpus=True)
+    op = MultiGPUTrainOneStep(workers, sgd_minibatch_size=32, num_sgd_iter=2, num_gpus=fake_gpus, fake_gpus=True)
     op.bind(MetricsContext())
     before = weights_of(w)
     _, info = op(batch)

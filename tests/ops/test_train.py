@@ -662,7 +662,7 @@ def test_multi_gpu_fake_towers_split_each_minibatch_across_devices() -> None:
     rows = spy_loss(ws)
     metrics = MetricsContext()
     metrics.counters[STEPS_SAMPLED_COUNTER] = 32
-    op = bound(MultiGPUTrainOneStep(ws, sgd_minibatch_size=8, num_sgd_iter=2, num_gpus=2, _fake_gpus=True), metrics)
+    op = bound(MultiGPUTrainOneStep(ws, sgd_minibatch_size=8, num_sgd_iter=2, num_gpus=2, fake_gpus=True), metrics)
     before = ws.local_worker().get_weights()
     batch = ws.local_worker().sample()
     out, info = op(batch)
@@ -681,7 +681,7 @@ def test_multi_gpu_fake_towers_split_each_minibatch_across_devices() -> None:
 def test_multi_gpu_averages_tower_gradients_and_applies_them_once() -> None:
     ws, twin = tiny_pg_workers(32), tiny_pg_workers(32)
     batch = ws.local_worker().sample()
-    op = bound(MultiGPUTrainOneStep(ws, sgd_minibatch_size=32, num_sgd_iter=1, num_gpus=2, _fake_gpus=True,
+    op = bound(MultiGPUTrainOneStep(ws, sgd_minibatch_size=32, num_sgd_iter=1, num_gpus=2, fake_gpus=True,
                                     shuffle_sequences=False))
     _, info = op(batch)
     policy = twin.local_worker().get_policy()
@@ -716,7 +716,7 @@ def test_multi_gpu_drops_the_remainder_but_counts_the_full_batch() -> None:
     ws = tiny_pg_workers(33)
     rows = spy_loss(ws)
     metrics = MetricsContext()
-    op = bound(MultiGPUTrainOneStep(ws, sgd_minibatch_size=64, num_sgd_iter=1, num_gpus=2, _fake_gpus=True), metrics)
+    op = bound(MultiGPUTrainOneStep(ws, sgd_minibatch_size=64, num_sgd_iter=1, num_gpus=2, fake_gpus=True), metrics)
     op(ws.local_worker().sample())
     assert rows == [16, 16]  # 33 // 2 rows per tower; fewer than a minibatch: one step
     assert metrics.counters[STEPS_TRAINED_COUNTER] == 33
@@ -725,7 +725,7 @@ def test_multi_gpu_drops_the_remainder_but_counts_the_full_batch() -> None:
 def test_multi_gpu_rejects_bad_settings() -> None:
     ws = tiny_pg_workers(8)
     with pytest.raises(ValueError, match="< 1 row per device"):
-        MultiGPUTrainOneStep(ws, sgd_minibatch_size=1, num_sgd_iter=1, num_gpus=2, _fake_gpus=True)
+        MultiGPUTrainOneStep(ws, sgd_minibatch_size=1, num_sgd_iter=1, num_gpus=2, fake_gpus=True)
     with pytest.raises(ValueError, match="num_gpus=-1"):
         MultiGPUTrainOneStep(ws, sgd_minibatch_size=8, num_sgd_iter=1, num_gpus=-1)
     with pytest.raises(ValueError, match="num_sgd_iter=0"):
