@@ -316,7 +316,7 @@ class Trainer:
 
     def get_policy(self, policy_id: str = DEFAULT_POLICY_ID) -> Policy:
         """The learner's policy (on the local worker)."""
-        return self.workers.local_worker().get_policy(policy_id)  # type: ignore[no-any-return]
+        return self.workers.local_worker().get_policy(policy_id)  # type: ignore[return-value]  # RolloutWorker: a Policy
 
     def stop(self) -> None:
         """Closes the plan (its learner threads, aggregators and actors), stops every remote worker and

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import ray
@@ -27,6 +27,7 @@ import torch
 
 from flowrl import runtime
 from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
+from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
                          make_policy_mapping)
 from flowrl.iter import ParallelIteratorWorker
@@ -435,7 +436,7 @@ class WorkerSet:
     def __init__(self, *, policy_class: type[Policy] | None, config: RolloutConfig,
                  worker_class: type[Any] = RolloutWorker) -> None:
         self.config, self.policy_class, self.worker_class = config, policy_class, worker_class
-        self._local = worker_class(policy_class=policy_class, config=config, worker_index=0)
+        self._local: WorkerLike = worker_class(policy_class=policy_class, config=config, worker_index=0)
         self._remote: list[Any] = []
         self._outstanding: list[Any] = []
         if config.num_workers:
@@ -459,7 +460,7 @@ class WorkerSet:
         return ray.remote(self.worker_class).options(**options).remote(
             policy_class=self.policy_class, config=self.config, worker_index=worker_index)
 
-    def local_worker(self) -> Any:
+    def local_worker(self) -> WorkerLike:
         """The learner's replica in the driver (a :class:`RolloutWorker` unless ``worker_class`` says otherwise)."""
         return self._local
 
@@ -493,8 +494,9 @@ class WorkerSet:
             return
         self.send_weights(self.put_weights(policies), global_vars=global_vars)
 
-    def foreach_worker(self, fn: Callable[[RolloutWorker], R]) -> list[R]:
-        """``fn`` on the local worker, then on each remote worker, in order."""
+    def foreach_worker(self, fn: Callable[[Any], R]) -> list[R]:
+        """``fn`` on the local worker, then on each remote worker, in order (each an instance of the set's
+        ``worker_class``: a :class:`RolloutWorker` unless a test passed a fake)."""
         return [fn(self._local), *ray.get([w.apply.remote(fn) for w in self._remote])]
 
     def check_health(self, timeout_s: float = 30.0) -> list[int]:
@@ -526,3 +528,8 @@ class WorkerSet:
         for w in self._remote:
             ray.kill(w, no_restart=True)
         self._remote, self._outstanding = [], []
+
+
+if TYPE_CHECKING:
+    def _conforms(worker: RolloutWorker) -> WorkerLike:
+        return worker  # mypy checks here that RolloutWorker has every method of the worker contract

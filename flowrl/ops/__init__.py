@@ -3,39 +3,37 @@ tree aggregation.
 
 A plan imports what it wires from here: ``from flowrl.ops import ParallelRollouts, ConcatBatches, ...``.
 Each name also lives in its family module (``flowrl.ops.rollout``, ``.train``, ``.replay``,
-``.concurrency``, ``.metrics``, ``.aggregation``).
+``.concurrency``, ``.metrics``, ``.aggregation``), and this package exports exactly the names the family
+modules list in their ``__all__``: a new operator is added to its family's list, nowhere else.
 """
 
 from __future__ import annotations
 
-from flowrl.ops.aggregation import Aggregator, CountFreshSteps, make_aggregators
-from flowrl.ops.concurrency import (ApexLearnerThread, Concurrently, Dequeue, Enqueue, LearnerThread, MinibatchBuffer,
-                                    MultiGPULearnerThread)
-from flowrl.ops.metrics import (AddReplayShardStats, CollectMetrics, CountSteps, OncePerTimeInterval,
-                                OncePerTimestepsElapsed, ReportGate, StandardMetricsReporting, WarnAboutBadRewardScales)
-from flowrl.ops.replay import (MixInReplay, Replay, StoreToReplayBuffer, UpdatePriorities, UpdateReplayShardPriorities,
-                               WaitUntilTimestepsElapsed)
-from flowrl.ops.rollout import AsyncGradients, ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields
-from flowrl.ops.train import (ApplyGradients, AverageGradients, BroadcastUpdateLearnerWeights, BroadcastWeights,
-                              ComputeGradients, LearnOnBatch, MultiGPUTrainOneStep, RecordLearnerOutput, TrainOneStep,
-                              UpdateKL, UpdateTargetAndKL, UpdateTargetNetwork, UpdateWorkerWeights, train_one_step)
+from typing import TYPE_CHECKING
 
-__all__ = [
-    # rollout
-    "ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields",
-    # train
-    "TrainOneStep", "train_one_step", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep", "ComputeGradients",
-    "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
-    "BroadcastUpdateLearnerWeights", "RecordLearnerOutput", "UpdateTargetAndKL",
-    # replay
-    "StoreToReplayBuffer", "Replay", "UpdatePriorities", "UpdateReplayShardPriorities", "MixInReplay",
-    "WaitUntilTimestepsElapsed",
-    # concurrency
-    "Concurrently", "Enqueue", "Dequeue", "MinibatchBuffer", "LearnerThread", "MultiGPULearnerThread",
-    "ApexLearnerThread",
-    # metrics
-    "StandardMetricsReporting", "CollectMetrics", "ReportGate", "OncePerTimestepsElapsed", "OncePerTimeInterval",
-    "CountSteps", "WarnAboutBadRewardScales", "AddReplayShardStats",
-    # tree aggregation
-    "Aggregator", "make_aggregators", "CountFreshSteps",
-]
+from flowrl.ops import aggregation, concurrency, metrics, replay, rollout, train
+from flowrl.ops.aggregation import *  # noqa: F401,F403  (each family's __all__; see below)
+from flowrl.ops.concurrency import *  # noqa: F401,F403
+from flowrl.ops.metrics import *  # noqa: F401,F403
+from flowrl.ops.replay import *  # noqa: F401,F403
+from flowrl.ops.rollout import *  # noqa: F401,F403
+from flowrl.ops.train import *  # noqa: F401,F403
+
+__all__: list[str] = []
+__all__ += rollout.__all__
+__all__ += train.__all__
+__all__ += replay.__all__
+__all__ += concurrency.__all__
+__all__ += metrics.__all__
+__all__ += aggregation.__all__
+
+if TYPE_CHECKING:
+    from flowrl.contracts import LearnerThreadLike, PriorityUpdater, ReplayReader, ReplayWriter
+    from flowrl.replay_buffers import LocalReplayBuffer, SimpleReplayBuffer
+
+    def _conforms(learner: concurrency.LearnerThread, multi_gpu: concurrency.MultiGPULearnerThread,
+                  apex: concurrency.ApexLearnerThread, local: LocalReplayBuffer, simple: SimpleReplayBuffer,
+                  ) -> tuple[LearnerThreadLike, LearnerThreadLike, LearnerThreadLike, ReplayWriter, ReplayReader,
+                             PriorityUpdater, ReplayWriter, ReplayReader]:
+        # mypy checks here that the learner threads and replay buffers keep the contracts the operators rely on
+        return learner, multi_gpu, apex, local, local, local, simple, simple

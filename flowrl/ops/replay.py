@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flowrl.contracts import PriorityUpdater, ReplayReader, ReplayWriter, check_conforms
 from flowrl.iter import LocalIterator, RetryLater, from_actors
 from flowrl.metrics import LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER, MetricsBinding
 from flowrl.ops._common import check_batch, check_int
@@ -54,10 +55,7 @@ def _one_source(op: str, local_buffer: Any, actors: Sequence[Any] | None) -> lis
     return list(actors)
 
 
-def _check_method(op: str, local_buffer: Any, method: str) -> None:
-    if not callable(getattr(local_buffer, method, None)):
-        raise ValueError(f"{op} local_buffer={local_buffer!r} has no {method}() method; pass a replay buffer "
-                         f"such as flowrl.replay_buffers.LocalReplayBuffer")
+_BUFFER_FIX = "pass a replay buffer such as flowrl.replay_buffers.LocalReplayBuffer"
 
 
 class StoreToReplayBuffer:
@@ -96,7 +94,7 @@ class StoreToReplayBuffer:
                  max_outstanding_adds: int = 2) -> None:
         self.actors = _one_source("StoreToReplayBuffer", local_buffer, actors)
         if self.actors is None:
-            _check_method("StoreToReplayBuffer", local_buffer, "add_batch")
+            check_conforms(local_buffer, ReplayWriter, "StoreToReplayBuffer local_buffer", _BUFFER_FIX)
         check_int("StoreToReplayBuffer max_outstanding_adds", max_outstanding_adds, 1,
                   "unacknowledged add_batch calls per replay actor")
         self.local_buffer = local_buffer
@@ -180,7 +178,7 @@ def Replay(*, local_buffer: Any = None, actors: Sequence[Any] | None = None,
     actor_list = _one_source("Replay", local_buffer, actors)
     check_int("Replay num_async", num_async, 1, "replay requests in flight per shard")
     if actor_list is None:
-        _check_method("Replay", local_buffer, "replay")
+        check_conforms(local_buffer, ReplayReader, "Replay local_buffer", _BUFFER_FIX)
         return LocalIterator.from_poll(local_buffer.replay, name="Replay(local)")
     return (from_actors(actor_list).gather_async(num_async=num_async).none_as_not_ready()
             .named(f"Replay(actors={len(actor_list)})"))
@@ -215,7 +213,7 @@ class UpdatePriorities:
     """
 
     def __init__(self, local_buffer: Any) -> None:
-        _check_method("UpdatePriorities", local_buffer, "update_priorities")
+        check_conforms(local_buffer, PriorityUpdater, "UpdatePriorities local_buffer", _BUFFER_FIX)
         self.local_buffer = local_buffer
 
     def __repr__(self) -> str:

@@ -436,6 +436,7 @@ class MultiGPUTrainOneStep(MetricsBinding):
                              f"leaves < 1 row per device; use sgd_minibatch_size >= {self.num_devices}")
         self.policies = _resolve_policies(workers, policies, name, trained=True)
         local = workers.local_worker()
+        self._torch_policies: dict[str, Policy] = {}
         for pid in self.policies:
             policy = local.get_policy(pid)
             if not isinstance(policy, Policy):
@@ -445,6 +446,7 @@ class MultiGPUTrainOneStep(MetricsBinding):
                 raise ValueError(f"{name}(num_gpus={whole_gpus}, fake_gpus={fake_gpus}) loads onto "
                                  f"{self.device_type} but policy {pid!r} lives on {policy.device}; set the "
                                  f"config's device='{self.device_type}' or change num_gpus")
+            self._torch_policies[pid] = policy  # the worker's own: the same objects at every call
         self.num_gpus, self.fake_gpus = whole_gpus, fake_gpus
         self.sgd_minibatch_size, self.num_sgd_iter = sgd_minibatch_size, num_sgd_iter
         self.per_device_minibatch = sgd_minibatch_size // self.num_devices
@@ -489,12 +491,12 @@ class MultiGPUTrainOneStep(MetricsBinding):
                     logger.warning("%r: policy %r has %d rows for %d devices; it does not learn this step",
                                    self, pid, part.count, self.num_devices)
                     continue
-                loaded[pid] = self._load(local.get_policy(pid), part)
+                loaded[pid] = self._load(self._torch_policies[pid], part)
             timer.push_units_processed(batch.count)
         info: LearnerInfo = {}
         with self.metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
             for pid, (towers, tensors) in loaded.items():
-                policy = local.get_policy(pid)
+                policy = self._torch_policies[pid]
                 size = self.per_device_minibatch
                 epoch_stats: list[dict[str, Any]] = []
                 for _ in range(self.num_sgd_iter):
