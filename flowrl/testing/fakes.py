@@ -1,7 +1,8 @@
-"""Helpers shared by tests and doctests; no library module imports this one.
+"""Torch-free fakes: a deterministic worker, its config and policy, batches and a list iterator.
 
-The fakes here import neither torch nor a model, so a fake worker actor starts in well under a
-second: operator tests run against them.
+Nothing here imports torch or a model, so a fake worker actor starts in well under a second: operator tests
+run against these. :class:`FakeWorker` and :class:`FakePolicy` keep the worker and policy contracts of
+:mod:`flowrl.contracts` (mypy checks them below).
 
 Examples:
     >>> ws = make_fake_workers(num_workers=0, rollout_fragment_length=5)
@@ -14,23 +15,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from flowrl.config import RolloutConfig, TrainerConfig
+from flowrl.config import RolloutConfig
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator, ParallelIteratorWorker
 from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, OBS, REWARDS, TD_ERROR, WEIGHTS_VERSION, AnyBatch,
                                  MultiAgentBatch, SampleBatch)
 
 if TYPE_CHECKING:
-    from flowrl.trainer import Trainer
+    from flowrl.contracts import PolicyLike, WorkerLike
     from flowrl.workers import WorkerSet
 
 __all__ = ["iter_list", "plan_lines", "fake_batch", "FakeConfig", "FakePolicy", "FakeWorker", "make_fake_workers",
-           "TinyPGPolicy", "WEIGHTS_VERSION", "WORKER_INDEX", "SAMPLE_INDEX"]
+           "WEIGHTS_VERSION", "WORKER_INDEX", "SAMPLE_INDEX"]
 
 T = TypeVar("T")
 
@@ -268,60 +268,6 @@ def make_fake_workers(num_workers: int = 2, **config: Any) -> WorkerSet:
     return WorkerSet(policy_class=None, config=cfg, worker_class=FakeWorker)
 
 
-@dataclass(frozen=True, kw_only=True)
-class FakeTrainerConfig(FakeConfig, TrainerConfig):
-    """:class:`FakeConfig`'s simulated work with a trainer's fields (recovery, reporting), for
-    :func:`make_fake_trainer`."""
-
-
-def tiny_pg_plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
-    """The PG plan: bulk-sync rollouts, ``ConcatBatches(train_batch_size)``, ``TrainOneStep``, reports."""
-    from flowrl.ops import ConcatBatches, ParallelRollouts, StandardMetricsReporting, TrainOneStep
-
-    train_op = (ParallelRollouts(workers, mode="bulk_sync")
-                .combine(ConcatBatches(config.train_batch_size))
-                .for_each(TrainOneStep(workers)))
-    return StandardMetricsReporting(train_op, workers, config)
-
-
-def make_fake_trainer(config: FakeTrainerConfig) -> Trainer:
-    """A :class:`~flowrl.trainer.Trainer` of :func:`tiny_pg_plan` (algorithm ``"fake_pg"``) whose remote workers are
-    :class:`FakeWorker` actors: no torch in them, so each starts in about a second; the local worker is a
-    FakeWorker too. For tests of the trainer's own work: recovery, reports, checkpoints."""
-    from flowrl._tiny_pg import TinyPGPolicy
-    from flowrl.algorithms import Algorithm
-    from flowrl.trainer import Trainer
-    from flowrl.workers import WorkerSet
-
-    class FakeWorkerTrainer(Trainer):
-        def _make_workers(self, config: TrainerConfig) -> WorkerSet:
-            return WorkerSet(policy_class=None, config=config, worker_class=FakeWorker)
-
-    return FakeWorkerTrainer(Algorithm("fake_pg", FakeTrainerConfig, TinyPGPolicy, tiny_pg_plan), config)
-
-
-def tb_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in a run's TensorBoard event files, ``{tag: [(step, value), ...]}`` (TFRecord framing:
-    length, its CRC, data, its CRC)."""
-    import struct
-
-    from tensorboardX.proto.event_pb2 import Event
-
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(tb_dir.glob("events.out.tfevents.*")):
-        data, pos = path.read_bytes(), 0
-        while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = Event.FromString(data[pos + 12:pos + 12 + length])
-            pos += 12 + length + 4
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
-
-
-def __getattr__(name: str) -> Any:
-    if name == "TinyPGPolicy":  # lazily: it imports torch, which the fakes above must not
-        from flowrl._tiny_pg import TinyPGPolicy
-        return TinyPGPolicy
-    raise AttributeError(f"module 'flowrl.testing' has no attribute {name!r}")
-
+if TYPE_CHECKING:
+    def _conforms(worker: FakeWorker, policy: FakePolicy) -> tuple[WorkerLike, PolicyLike]:
+        return worker, policy  # mypy checks here that the fakes keep the worker and policy contracts
