@@ -36,21 +36,26 @@ from flowrl import runtime  # noqa: E402
 import torch  # noqa: E402
 
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy, plan  # noqa: E402
+from flowrl.cli import build_config  # noqa: E402
 from flowrl.metrics import (LEARN_ON_BATCH_TIMER, LOAD_BATCH_TIMER, SAMPLE_TIMER,  # noqa: E402
                             WORKER_UPDATE_TIMER, Timer)
+from flowrl.presets import find_preset  # noqa: E402
 from flowrl.workers import WorkerSet  # noqa: E402
 
 THRESHOLDS = (150.0, 450.0)
 
 
 def make_config(args: argparse.Namespace) -> PPOConfig:
-    """RLlib's tuned CartPole PPO; one sampling round per train batch (fragment x envs x workers >= 4000)."""
+    """RLlib's tuned CartPole PPO (flowrl.presets' preset) with the workers, envs and train batch given; one
+    sampling round per train batch (fragment x envs x workers >= train batch)."""
     parallel = max(1, args.workers) * args.envs_per_worker
-    return PPOConfig(env="CartPole-v1", seed=args.seed, num_workers=args.workers,
-                     num_envs_per_worker=args.envs_per_worker,
-                     rollout_fragment_length=math.ceil(args.train_batch_size / parallel),
-                     train_batch_size=args.train_batch_size, sgd_minibatch_size=128, num_sgd_iter=6, lr=3e-4,
-                     simple_optimizer=not args.load_once, min_iter_time_s=0)
+    preset = find_preset("ppo", "CartPole-v1")
+    assert preset is not None  # flowrl.presets holds it: flowrl's main job
+    return build_config(PPOConfig, preset.items([
+        "env=CartPole-v1", f"seed={args.seed}", f"num_workers={args.workers}",
+        f"num_envs_per_worker={args.envs_per_worker}",
+        f"rollout_fragment_length={math.ceil(args.train_batch_size / parallel)}",
+        f"train_batch_size={args.train_batch_size}", f"simple_optimizer={not args.load_once}", "min_iter_time_s=0"]))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -47,25 +47,47 @@ from flowrl import runtime  # noqa: E402
 
 import torch  # noqa: E402
 
+from flowrl.algorithms import ALGORITHMS, get_algorithm  # noqa: E402
 from flowrl.metrics import NUM_LEARNER_UPDATES  # noqa: E402
 from flowrl.workers import WorkerSet  # noqa: E402
 
-ALGOS = ("pg", "a2c", "a3c", "ppo", "dqn", "apex", "impala", "appo")
+# Every registered algorithm (flowrl.algorithms.ALGORITHMS, in its order) but the two-policy composition
+# ("multiagent"), which needs a multi-agent env: CartPole-v1 is single-agent.
+ALGOS = tuple(name for name in ALGORITHMS if name != "multiagent")
 LEARNER_METHODS = ("learn_on_batch", "compute_gradients", "apply_gradients")
 MEDIAN_KEYS = ("env_steps_per_s_sampled", "env_steps_per_s_trained", "learner_utilisation",
                "learner_utilisation_from_timer")
 
-# Per-algorithm settings on top of its defaults. Each needs a reason; the worker count, envs per worker, seed
-# and the reporting cadence are set for all alike in make_config.
+
+def tuned(name: str, *, without: Sequence[str] = ()) -> dict[str, Any]:
+    """The settings of the algorithm's CartPole-v1 preset (:mod:`flowrl.presets`, what ``flowrl train --tuned``
+    applies) as config fields, less those in ``without``.
+
+    Examples:
+        >>> tuned("ppo", without=["num_workers", "num_envs_per_worker", "rollout_fragment_length"])
+        {'train_batch_size': 4000, 'sgd_minibatch_size': 128, 'num_sgd_iter': 6, 'lr': 0.0003}
+    """
+    from flowrl.cli import parse_overrides
+    from flowrl.presets import find_preset
+
+    preset = find_preset(name, "CartPole-v1")
+    if preset is None:
+        raise ValueError(f"flowrl.presets has no CartPole-v1 preset for {name!r}")
+    fields = {".".join(path): value for path, value in parse_overrides(get_algorithm(name).config_class,
+                                                                         preset.settings)}
+    return {key: value for key, value in fields.items() if key not in without}
+
+
+# Per-algorithm settings on top of its defaults (none for an algorithm not listed). Each needs a reason; the worker
+# count, envs per worker, seed and the reporting cadence are set for all alike in make_config.
 _OVERRIDES: dict[str, dict[str, Any]] = {
     "pg": {},
     "a2c": {},
     "a3c": {},
     # RLlib's generic PPO defaults (30 epochs, lr 5e-5) make one iteration ~6 s of SGD on 2 cores, longer than
-    # a quick window; the matched CartPole hyperparameters (the ones the peers run) instead: 6
-    # epochs of minibatch 128 at lr 3e-4. The fragment is set in make_config so one sampling round fills the
-    # 4000-step batch.
-    "ppo": {"num_sgd_iter": 6, "lr": 3e-4},
+    # a quick window; the tuned CartPole preset (the hyperparameters the peers run) instead: 6 epochs of minibatch
+    # 128 at lr 3e-4. The fragment is set in make_config so one sampling round fills the 4000-step batch.
+    "ppo": tuned("ppo", without=["num_workers", "num_envs_per_worker", "rollout_fragment_length"]),
     # DQN's defaults already start learning after 1000 steps; nothing to change.
     "dqn": {},
     # Ape-X's defaults are for 32 workers on a cluster: learning_starts 50k would put the whole window before the
@@ -159,7 +181,7 @@ def load(name: str) -> Any | None:
 
 def make_config(module: Any, name: str, workers: int, args: argparse.Namespace) -> Any:
     """The algorithm's default config with the benchmark's common settings and its ``_OVERRIDES``."""
-    extra = dict(_OVERRIDES[name])
+    extra = dict(_OVERRIDES.get(name, {}))
     if name == "ppo":  # one sampling round per train batch (fragment x envs x workers >= train_batch_size)
         batch = module.ALGORITHM.config_class().train_batch_size
         extra["rollout_fragment_length"] = math.ceil(batch / (max(1, workers) * args.envs_per_worker))
@@ -218,7 +240,7 @@ def bench(name: str, module: Any, num_workers: int, args: argparse.Namespace) ->
     timed = sorted({m for r in runs for m in r["learner_calls"]}, key=LEARNER_METHODS.index)
     return {"algorithm": name, "workers": num_workers, "envs_per_worker": args.envs_per_worker,
             "rollout_fragment_length": config.rollout_fragment_length, "train_batch_size": config.train_batch_size,
-            "overrides": _OVERRIDES[name], "learner_timed": timed, "startup_s": round(startup_s, 2),
+            "overrides": _OVERRIDES.get(name, {}), "learner_timed": timed, "startup_s": round(startup_s, 2),
             "median": median,
             "runs": [{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for r in runs]}
 

@@ -52,9 +52,9 @@ import torch  # noqa: E402
 from flowrl.workers import WorkerSet  # noqa: E402
 
 try:  # run as a script (benchmarks/ on the path) or imported as benchmarks.time_to_solve
-    from throughput import ALGOS, load  # type: ignore[import-not-found]
+    from throughput import ALGOS, load, tuned  # type: ignore[import-not-found]
 except ImportError:
-    from benchmarks.throughput import ALGOS, load
+    from benchmarks.throughput import ALGOS, load, tuned
 THRESHOLDS = (150.0, 450.0)
 QUICK_MAX_TRAIN_S = 15.0
 
@@ -83,22 +83,27 @@ _SETTINGS: dict[str, Setting] = {
     "a2c": Setting({}, {150: 500_000, 450: 1_000_000}, 100_000),
     # A3CConfig's defaults: 2 workers, fragments of 10, lr 1e-4 (test_a3c's slow check: ~40k steps).
     "a3c": Setting({}, {150: 200_000, 450: 500_000}, 60_000),
-    # RLlib's generic PPO defaults (30 epochs at lr 5e-5) are not tuned for CartPole; test_ppo's TUNED
-    # (lr 3e-4, 6 epochs), on 2 workers x 4 envs x 500 steps, one round per 4000-step batch, as ppo_cartpole.py
-    # and test_ppo_solves_cartpole_with_two_workers.
-    "ppo": Setting({"num_workers": 2, "lr": 3e-4, "num_sgd_iter": 6, "num_envs_per_worker": 4,
-                    "rollout_fragment_length": 500}, {150: 100_000, 450: 300_000}, 60_000),
+    # RLlib's generic PPO defaults (30 epochs at lr 5e-5) are not tuned for CartPole; its CartPole preset
+    # (flowrl.presets: lr 3e-4, 6 epochs, on 2 workers x 4 envs x 500 steps, one round per 4000-step batch), as
+    # ppo_cartpole.py and test_ppo_solves_cartpole_with_two_workers.
+    "ppo": Setting(tuned("ppo"), {150: 100_000, 450: 300_000}, 60_000),
     # DQNConfig's default: no remote workers (test_dqn: ~20k steps to 150).
     "dqn": Setting({}, {150: 50_000, 450: 200_000}, 20_000),
     # Ape-X's defaults are for 32 workers on a cluster (learning_starts 50k, a 2M buffer, target updates every
-    # 500k trained steps); test_apex's LEARN configuration instead, which reaches 150 after ~60k steps.
-    "apex": Setting({"num_workers": 2, "num_replay_buffer_shards": 2, "learning_starts": 1000, "buffer_size": 50_000,
-                     "train_batch_size": 64, "rollout_fragment_length": 20, "max_weight_sync_delay": 100,
-                     "target_network_update_freq": 8000}, {150: 250_000, 450: 500_000}, 40_000),
+    # 500k trained steps); its CartPole preset (test_apex's learning check) on 2 workers instead, which reaches 150
+    # after ~60k steps.
+    "apex": Setting({"num_workers": 2, **tuned("apex")}, {150: 250_000, 450: 500_000}, 40_000),
     # IMPALAConfig's and APPOConfig's defaults: 2 workers (test_impala: ~70k steps to 150; test_appo).
     "impala": Setting({}, {150: 500_000, 450: 1_000_000}, 100_000),
     "appo": Setting({}, {150: 200_000, 450: 500_000}, 100_000),
 }
+# An algorithm not listed above runs with its defaults and IMPALA's budgets, until it earns a reasoned entry.
+_UNLISTED = Setting({}, {150: 500_000, 450: 1_000_000}, 100_000)
+
+
+def setting_of(name: str) -> Setting:
+    """How ``name`` runs here: its ``_SETTINGS`` entry, or the defaults with generous budgets."""
+    return _SETTINGS.get(name, _UNLISTED)
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ def _finite(value: float) -> float | None:
 def make_config(module: Any, name: str, seed: int, report_s: float) -> Any:
     """The algorithm's default config on CartPole-v1 with ``seed``, the reporting cadence and its ``_SETTINGS``."""
     return module.ALGORITHM.config_class(env="CartPole-v1", seed=seed, min_iter_time_s=report_s,
-                                         timesteps_per_iteration=0, **_SETTINGS[name].overrides)
+                                         timesteps_per_iteration=0, **setting_of(name).overrides)
 
 
 def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budgets: Mapping[float, int],
@@ -351,7 +356,7 @@ def budgets_for(name: str, thresholds: Sequence[float], quick: bool) -> dict[flo
         >>> budgets_for("ppo", [150.0, 450.0], quick=False), budgets_for("ppo", [150.0], quick=True)
         ({150.0: 100000, 450.0: 300000}, {150.0: 60000})
     """
-    setting = _SETTINGS[name]
+    setting = setting_of(name)
     return {t: setting.quick_budget if quick else setting.budgets[t] for t in thresholds}
 
 
@@ -365,7 +370,7 @@ def bench(name: str, module: Any, args: argparse.Namespace) -> dict[str, Any]:
                          else f"{int(t)}: {r[f'seconds_to_{int(t)}']} s, {r[f'steps_to_{int(t)}']} steps"
                          for t in args.thresholds)
         print(f"{name} seed {r['seed']}: {hits}; final return {r['final_return']} ({r['stopped_by']})", flush=True)
-    return {"algorithm": name, "workers": runs[0]["workers"], "overrides": dict(_SETTINGS[name].overrides),
+    return {"algorithm": name, "workers": runs[0]["workers"], "overrides": dict(setting_of(name).overrides),
             "budgets": {str(int(t)): n for t, n in budgets.items()}, "max_train_s": args.max_train_s,
             "budget": budget_text(budgets, args.max_train_s), "median": summarize(runs, args.thresholds),
             "runs": runs}

@@ -13,7 +13,9 @@ import ray
 
 from flowrl.algorithms.impala import IMPALAConfig
 from flowrl.algorithms.ppo import PPOConfig
+from flowrl.cli import build_config
 from flowrl.config import TrainerConfig
+from flowrl.presets import find_preset
 from flowrl.trainer import Trainer
 
 
@@ -67,8 +69,10 @@ def _config(cls: type[TrainerConfig], **settings: Any) -> Any:
 @pytest.mark.slow  # ~30 s; the default tier has IMPALA's case here and fake-worker recoveries in test_trainer.py
 def test_ppo_keeps_training_through_three_killed_workers() -> None:
     """A sync plan: a worker killed mid-sample fails the gather; the Trainer recreates it and retries."""
-    config = _config(PPOConfig, num_envs_per_worker=4, rollout_fragment_length=500, train_batch_size=4000,
-                     sgd_minibatch_size=128, num_sgd_iter=6, lr=3e-4)
+    preset = find_preset("ppo", "CartPole-v1")  # the tuned preset: 2 workers x 4 envs, lr 3e-4, 6 epochs
+    assert preset is not None
+    config = build_config(PPOConfig, preset.items(["env=CartPole-v1", "seed=0", "num_cpus_per_worker=0.5",
+                                                   "recreate_failed_workers=true"]))
     trainer = Trainer("ppo", config)
     try:
         results, killed = train_while_killing(trainer, kill_at=(1, 2, 3), delay_s=0.1, target=150,

@@ -18,7 +18,9 @@ import flowrl.ops
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.ppo import ALGORITHM, PPOConfig, PPOPolicy, plan
 from flowrl.ops import WarnAboutBadRewardScales
+from flowrl.cli import build_config
 from flowrl.config import ModelConfig, TrainerConfig
+from flowrl.presets import find_preset
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS,
                                  TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
 from flowrl.workers import RolloutWorker, WorkerSet
@@ -28,7 +30,11 @@ from .test_pg import comparable, first_results, plan_code_lines, train_until
 BOX4 = gym.spaces.Box(-1, 1, (4,), np.float32)
 SMALL = PPOConfig(seed=0, num_workers=0, train_batch_size=400, sgd_minibatch_size=64, num_sgd_iter=3)
 # RLlib's tuned CartPole PPO (its 100k-step learning gate)
-TUNED = PPOConfig(env="CartPole-v1", seed=0, num_workers=0, lr=3e-4, num_sgd_iter=6)
+# The tuned CartPole preset (flowrl.presets: lr 3e-4, 6 epochs) sampled in the driver, one env of 200-step fragments
+PRESET = find_preset("ppo", "CartPole-v1")
+assert PRESET is not None
+TUNED = build_config(PPOConfig, PRESET.items(["env=CartPole-v1", "seed=0", "num_workers=0", "num_envs_per_worker=1",
+                                              "rollout_fragment_length=200"]))
 
 
 # -- config -----------------------------------------------------------------------------------------
@@ -343,7 +349,7 @@ def test_ppo_learns_cartpole_within_100k_steps() -> None:
 @pytest.mark.slow
 def test_ppo_solves_cartpole_with_two_workers() -> None:
     """Mean return >= 450 within 300k env steps, sampling on 2 remote workers x 4 envs (the benchmark's set-up)."""
-    config = dataclasses.replace(TUNED, num_workers=2, num_envs_per_worker=4, rollout_fragment_length=500)
+    config = build_config(PPOConfig, PRESET.items(["env=CartPole-v1", "seed=0"]))  # the preset: 2 workers x 4 envs
     result, seconds = train_until(PPOPolicy, config, plan, target=450, max_steps=300_000)
     print(f"PPO: return {result['episode_reward_mean']:.1f} after {result['timesteps_total']} steps, {seconds:.0f} s")
     assert result["episode_reward_mean"] >= 450

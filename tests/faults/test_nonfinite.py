@@ -11,7 +11,7 @@ import gymnasium
 import numpy as np
 import pytest
 
-from flowrl.algorithms import get_algorithm
+from flowrl.algorithms import ALGORITHMS, get_algorithm
 from flowrl.envs import EnvContext
 from flowrl.metrics import MetricsContext
 from flowrl.ops import MultiGPUTrainOneStep
@@ -112,7 +112,9 @@ def test_a_remote_worker_reports_the_env_error_to_the_driver() -> None:
 
 # -- learners ---------------------------------------------------------------------------------------------------
 
-ALGOS = ["pg", "a2c", "ppo", "dqn", "apex", "impala", "appo"]  # A3C: the compute/apply gradients test below
+# every registered learner but A3C (its workers compute gradients: the compute/apply gradients test below) and the
+# two-policy composition (multiagent: its policies are PPO's and DQN's, covered here)
+ALGOS = [name for name in ALGORITHMS if name not in ("a3c", "multiagent")]
 
 
 def poisoned(name: str, **overrides: Any) -> tuple[WorkerSet, SampleBatch]:
