@@ -406,7 +406,7 @@ class MultiGPUTrainOneStep(MetricsBinding):
         >>> op.bind(metrics := MetricsContext())
         >>> batch, info = op(workers.local_worker().sample())
         >>> sorted(info["default_policy"]["learner_stats"]), metrics.counters["num_steps_trained"]
-        (['loss', 'mean_logp'], 32)
+        (['entropy', 'loss'], 32)
     """
 
     def __init__(self, workers: WorkerSet, *, sgd_minibatch_size: int, num_sgd_iter: int, num_gpus: float,

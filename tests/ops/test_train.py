@@ -669,7 +669,7 @@ def test_multi_gpu_fake_towers_split_each_minibatch_across_devices() -> None:
     assert out is batch
     # 16 rows per tower, 4 per tower minibatch: 4 steps per epoch, 2 towers each, 2 epochs.
     assert rows == [4] * 16
-    assert sorted(info[DP][LEARNER_STATS_KEY]) == ["loss", "mean_logp"]
+    assert sorted(info[DP][LEARNER_STATS_KEY]) == ["entropy", "loss"]
     assert metrics.counters[STEPS_TRAINED_COUNTER] == metrics.counters[STEPS_TRAINED_THIS_ITER_COUNTER] == 32
     assert metrics.timers[LOAD_BATCH_TIMER].mean_units_processed == 32
     assert metrics.timers[LEARN_ON_BATCH_TIMER].mean_units_processed == 32
