@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from ray import cloudpickle
 from hypothesis import strategies as st
 
-from flowrl import iter as fiter
 from flowrl.iter import LocalIterator, RetryLater, get_metrics
+from flowrl.iter.stages import NOT_READY
 from flowrl.metrics import MetricsBinding, MetricsContext
 from flowrl.testing import iter_list
 
@@ -266,7 +266,7 @@ def test_duplicate_child_ahead_reports_not_ready_without_pulling() -> None:
     assert next(a) == 0 and pulled == [0]
     chain = a._chain
     assert chain is not None
-    assert chain.pull(False) is fiter._NOT_READY and pulled == [0]  # a is ahead: b still holds item 0
+    assert chain.pull(False) is NOT_READY and pulled == [0]  # a is ahead: b still holds item 0
     state = chain.state  # type: ignore[attr-defined]
     assert [len(q) for q in state.queues] == [0, 1]
     assert next(b) == 0

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray import cloudpickle
 
-from flowrl.iter import (LocalIterator, ParallelIterator, ParallelIteratorWorker, _from_wire, _to_wire, from_actors,
-                         from_items, from_iterators, from_range, get_shard_worker)
+from flowrl.iter import (LocalIterator, ParallelIterator, ParallelIteratorWorker, from_actors, from_items,
+                         from_iterators, from_range, get_shard_worker)
+from flowrl.iter.shards import from_wire, to_wire
 from flowrl.sample_batch import MultiAgentBatch, SampleBatch
 
 
@@ -505,14 +506,14 @@ def _wire_items() -> list[Any]:
 def test_wire_encodes_only_items_that_offer_it_and_every_bytes_item() -> None:
     small, raw, large, tagged, multi, plain, none, buf = _wire_items()
     for item in (small, raw, multi, buf, np.bytes_(b"np")):
-        answer = _to_wire(item)
+        answer = to_wire(item)
         assert type(answer) is bytes
-        decoded = _from_wire(answer)
+        decoded = from_wire(answer)
         assert type(decoded) is type(item) and decoded == item
     for item in (large, tagged, plain, none):
-        assert _to_wire(item) is item and _from_wire(item) is item
+        assert to_wire(item) is item and from_wire(item) is item
     ref = ray.put(small)
-    assert _to_wire(ref) is ref  # Ray's serialiser keeps ObjectRefs' ownership: never a plain pickle
+    assert to_wire(ref) is ref  # Ray's serialiser keeps ObjectRefs' ownership: never a plain pickle
 
 
 def test_a_shard_answers_a_small_batch_as_bytes_and_a_large_one_as_itself() -> None:
@@ -520,7 +521,7 @@ def test_a_shard_answers_a_small_batch_as_bytes_and_a_large_one_as_itself() -> N
     shard = CountingShard.remote([small, large])  # type: ignore[attr-defined]
     ray.get(shard.par_iter_init.remote((), "g"))
     first, second = ray.get(shard.par_iter_next.remote()), ray.get(shard.par_iter_next.remote())
-    assert type(first) is bytes and _from_wire(first) == small
+    assert type(first) is bytes and from_wire(first) == small
     assert type(second) is SampleBatch and second == large
 
 

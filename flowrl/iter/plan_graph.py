@@ -6,6 +6,8 @@ child, a named composite) next to their stages; :func:`build` walks those record
 anything. The graph is a DAG: a stream read by several consumers (the parent of ``duplicate()``) is one
 node, and a learner thread sits between the ``Enqueue`` that feeds it and the ``Dequeue`` that reads it.
 ``LocalIterator.describe()`` and ``LocalIterator.validate()`` are the short ways in.
+An algorithm's plan drawn without running anything (:func:`flowrl.plan_graph.stand_in_plan`) is built above
+the core, in :mod:`flowrl.plan_graph`, which also re-exports this module.
 
 Examples:
     >>> import queue
@@ -39,22 +41,18 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
-from flowrl.iter import LocalIterator, ParallelIterator, _Origin
+from flowrl.iter.local import LocalIterator, origin_of, stages_of
+from flowrl.iter.parallel import ParallelIterator
+from flowrl.iter.stages import Origin
 from flowrl.metrics import MetricsBinding, MetricsContext
 
-if TYPE_CHECKING:
-    from flowrl.algorithms import Algorithm
-    from flowrl.config import TrainerConfig
-
-__all__ = ["Node", "Edge", "PlanGraph", "build", "to_text", "to_dot", "to_mermaid", "problems", "stand_in_plan",
-           "operator_names", "summary"]
+__all__ = ["Node", "Edge", "PlanGraph", "build", "build_with_records", "to_text", "text_rows", "to_dot", "to_mermaid",
+           "problems", "operator_names", "summary"]
 
 
 @dataclass(frozen=True)
@@ -128,8 +126,9 @@ class _Builder:
         return self.seen[id(record)][1]
 
     def iterator(self, it: LocalIterator[Any]) -> int:
-        node = self.once(it._origin, self.origin, it._origin)
-        for stage in it._stages:
+        origin = origin_of(it)
+        node = self.once(origin, self.origin, origin)
+        for stage in stages_of(it):
             if stage.suffix:  # an empty suffix marks a stage internal to its source
                 label = stage.suffix[1:]
                 node = self.once(stage, self.add, "transform", label, [node], method=label.split("(")[0], op=stage.fn)
@@ -139,14 +138,15 @@ class _Builder:
         n = pi.num_shards()
         return self.once(pi, self.add, "parallel", f"{pi!r} ({n} shard{'' if n == 1 else 's'})", [], shards=n)
 
-    def origin(self, o: _Origin) -> int:
+    def origin(self, o: Origin) -> int:
         if o.kind == "gather":
             args = ", ".join(f"{k}={v}" for k, v in o.attrs.items() if not (k == "batch_ms" and v == 0))
             return self.add("gather", f"{o.label}({args})", [self.parallel(o.inputs[0])], **o.attrs)
         inputs = [self.iterator(i) for i in o.inputs]
         if o.kind == "union":
             weights = o.attrs["round_robin_weights"]
-            label = f"LocalUnion({o.attrs['mode']}{'' if weights is None else f', round_robin_weights={list(weights)!r}'})"
+            shown = "" if weights is None else f", round_robin_weights={list(weights)!r}"
+            label = f"LocalUnion({o.attrs['mode']}{shown})"
             return self.add("union", label, inputs, **o.attrs)
         if o.kind == "named" and len(inputs) > 1:  # a combinator: its name is "<label>[<input reprs>]"
             label = o.label.removesuffix("[" + ", ".join(repr(i) for i in o.inputs) + "]")
@@ -177,12 +177,12 @@ def build(it: LocalIterator[Any]) -> PlanGraph:
         >>> graph.nodes[graph.output].label, graph.edges
         ('for_each()', (Edge(src=0, dst=1, index=None, via_queue=False),))
     """
-    return _build(it)[0]
+    return build_with_records(it)[0]
 
 
-def _build(it: LocalIterator[Any]) -> tuple[PlanGraph, dict[int, tuple[object, int]]]:
+def build_with_records(it: LocalIterator[Any]) -> tuple[PlanGraph, dict[int, tuple[object, int]]]:
     """:func:`build`, plus the node of each recorded object (origins, stages, ...) by ``id()``, each held with
-    its object (:mod:`flowrl.profiling` finds the node of a stage as the plan builds it)."""
+    its object (:mod:`flowrl.iter.profiling` finds the node of a stage as the plan builds it)."""
     builder = _Builder()
     output = builder.iterator(it)
     builder.link_queues()
@@ -200,11 +200,12 @@ def to_text(graph: PlanGraph) -> str:
           [0] iter_list
           [1] iter_list
     """
-    return "\n".join(line for _, line, _ in _text_rows(graph))
+    return "\n".join(line for _, line, _ in text_rows(graph))
 
 
-def _text_rows(graph: PlanGraph) -> list[tuple[int, str, bool]]:
-    """The lines of :func:`to_text`, each as ``(node id, line, whether it refers to a node shown above)``."""
+def text_rows(graph: PlanGraph) -> list[tuple[int, str, bool]]:
+    """The lines of :func:`to_text`, each as ``(node id, line, whether it refers to a node shown above)``
+    (:func:`flowrl.iter.profiling.table` lines its rows up with them)."""
     shared = {n.id for n in graph.nodes if len(graph.consumers(n.id)) > 1}
     tags: dict[int, int] = {}
     lines: list[tuple[int, str, bool]] = []
@@ -311,7 +312,7 @@ def problems(graph: PlanGraph, metrics: MetricsContext) -> list[str]:
             found.append(f"{node.label}: the round_robin_weights are all '*', so no input sets the pace and the "
                          f"union only polls; give at least one input a numeric weight (pulls per turn)")
         op = node.attrs.get("op")
-        if isinstance(op, MetricsBinding) and op._bound_metrics is not None and op._bound_metrics is not metrics:
+        if isinstance(op, MetricsBinding) and op.bound_metrics is not None and op.bound_metrics is not metrics:
             found.append(f"{node.label} is bound to another dataflow's metrics context (the instance already ran "
                          f"in another plan); an operator instance belongs to one dataflow, so build a new "
                          f"{type(op).__name__}(...) for this plan")
@@ -363,120 +364,3 @@ def summary(plan: LocalIterator[Any], algorithm: str, width: int = 100) -> str:
     hint = f"(`flowrl plan show {algorithm}` draws the graph)".replace(" ", "\0")  # kept on one line
     text = f"plan: {', '.join(operator_names(build(plan)))} {hint}"
     return textwrap.fill(text, width=width, subsequent_indent="      ", break_on_hyphens=False).replace("\0", " ")
-
-# -- a plan built over stand-ins, to draw it without Ray ------------------------------------------------------
-
-class _StandInActor:
-    """An actor handle that is never called: a plan keeps it (a rollout worker, a replay shard) and the graph
-    counts it, but pulling the plan would call ``.remote`` on it, which raises."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, method: str) -> _StandInMethod:
-        if method.startswith("__"):
-            raise AttributeError(method)
-        return _StandInMethod(f"{self._name}.{method}")
-
-    def __repr__(self) -> str:
-        return self._name
-
-
-class _StandInMethod:
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{self._name}.remote(): this plan was built over stand-in actors to draw its graph "
-                           f"(flowrl.plan_graph.stand_in_plan) and cannot run; build a Trainer to run it")
-
-
-def _stand_in_workers(config: TrainerConfig) -> Any:
-    """A WorkerSet of ``config.num_workers`` stand-in actors and a :class:`~flowrl.testing.FakeWorker` (no env,
-    no model) as the local worker; weight broadcasts and ``foreach_worker`` calls do nothing."""
-    from flowrl.testing import FakeWorker
-    from flowrl.workers import WorkerSet
-
-    class StandInWorkers(WorkerSet):
-        def __init__(self) -> None:  # no super().__init__(): it would make real workers
-            self.config, self.policy_class, self.worker_class = config, None, FakeWorker
-            self._local = FakeWorker(config=config)
-            self._remote = [_StandInActor(f"worker_{i + 1}") for i in range(config.num_workers)]
-            self._outstanding = []
-
-        def put_weights(self, policies: Sequence[str] | None = None) -> Any:
-            return None
-
-        def send_weights(self, ref: Any, to: Sequence[Any] | None = None,
-                         global_vars: Mapping[str, Any] | None = None) -> None:
-            pass
-
-        def sync_weights(self, policies: Sequence[str] | None = None,
-                         global_vars: Mapping[str, Any] | None = None) -> None:
-            pass
-
-        def foreach_worker(self, fn: Callable[[Any], Any]) -> list[Any]:
-            return []
-
-        def stop(self) -> None:
-            self._remote = []
-
-    return StandInWorkers()
-
-
-@contextlib.contextmanager
-def _stand_in_aggregators() -> Iterator[None]:
-    """While a plan is built: IMPALA's tree aggregation gets stand-in ``Aggregator`` actors (after the same checks
-    of its settings) instead of Ray actors. The plan draws them; the list it would kill on close is emptied on
-    exit, since there is nothing to kill."""
-    from unittest import mock
-
-    from flowrl.algorithms import impala
-    from flowrl.ops.aggregation import aggregator_groups
-
-    made: list[list[Any]] = []
-
-    def make_stand_ins(raw: ParallelIterator[Any], num_aggregators: int, **settings: Any) -> list[Any]:
-        groups = aggregator_groups(raw, num_aggregators, **settings)
-        made.append([_StandInActor(f"aggregator_{g}") for g in range(len(groups))])
-        return made[-1]
-
-    with mock.patch.object(impala, "make_aggregators", make_stand_ins):
-        yield
-    for aggregators in made:
-        aggregators.clear()
-
-
-def _stand_in_owned_state(algorithm: Algorithm, config: TrainerConfig) -> dict[str, Any]:
-    """The trainer-owned state a plan takes: Ape-X's replay shard actors as stand-ins, anything else (a local
-    replay buffer: memory only) as the algorithm makes it."""
-    from flowrl.algorithms import apex
-
-    if algorithm.make_owned_state is apex.make_owned_state and isinstance(config, apex.ApexConfig):
-        return {"replay_actors": [_StandInActor(f"replay_shard_{i}") for i in range(config.num_replay_buffer_shards)]}
-    return dict(algorithm.make_owned_state(config)) if algorithm.make_owned_state is not None else {}
-
-
-@contextlib.contextmanager
-def stand_in_plan(algorithm: Algorithm, config: TrainerConfig) -> Iterator[LocalIterator[dict[str, Any]]]:
-    """``algorithm``'s plan for ``config``, built as a :class:`~flowrl.trainer.Trainer` builds it but over stand-in
-    workers (and Ape-X replay shards) that never run, so nothing starts: no Ray, no actors, no env, no model.
-    Its graph is the one the trainer runs, with as many shards; only pulling it fails. Closed on exit (a plan's
-    learner thread, started over the stand-in local worker, stops).
-
-    Examples:
-        >>> import ray
-        >>> from flowrl.algorithms import get_algorithm
-        >>> from flowrl.algorithms.apex import ApexConfig
-        >>> with stand_in_plan(get_algorithm("apex"), ApexConfig(num_workers=4)) as plan:
-        ...     graph = build(plan)
-        >>> [node.label for node in graph.nodes if node.kind == "parallel"]
-        ['ParallelIterator[from_actors[shards=4]] (4 shards)', 'ParallelIterator[from_actors[shards=4]] (4 shards)']
-    """
-    workers = _stand_in_workers(config)
-    with _stand_in_aggregators():
-        plan = algorithm.plan(workers, config, **_stand_in_owned_state(algorithm, config))
-    try:
-        yield plan
-    finally:
-        plan.close()

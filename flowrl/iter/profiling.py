@@ -55,59 +55,25 @@ Examples:
 
 from __future__ import annotations
 
-import math
 import queue
 import textwrap
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, TypeVar
 
-import numpy as np
+from flowrl.iter import plan_graph
+from flowrl.iter.local import LocalIterator, flow_of, was_pulled
+from flowrl.iter.parallel import AsyncSource
+from flowrl.iter.pullers import DuplicateChild
+from flowrl.iter.stages import END, NOT_READY, Puller  # the profiler wraps the core's built stages
+from flowrl.metrics import Summary
 
-from flowrl import plan_graph
-from flowrl.iter import _END, _NOT_READY, LocalIterator, _Puller  # the profiler wraps the core's built stages
-
-__all__ = ["enable", "profile_data", "table", "Profiler", "Summary", "SAMPLE_INTERVAL_S"]
+__all__ = ["enable", "profile_data", "table", "Profiler", "SAMPLE_INTERVAL_S", "TABLE_WIDTH", "OUTSIDE_NOTE"]
 
 T = TypeVar("T")
 
 #: How often (seconds) the queue depths and requests in flight are sampled while the plan is pulled.
 SAMPLE_INTERVAL_S = 0.01
-
-
-class Summary:
-    """Count, mean, min and max of observed values (one writing thread; any thread may read).
-
-    Examples:
-        >>> s = Summary()
-        >>> s.add([0, 2, 4]); s.add(6)
-        >>> s.to_data()
-        {'count': 4, 'mean': 3.0, 'min': 0.0, 'max': 6.0}
-    """
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0.0
-        self.min = math.inf
-        self.max = -math.inf
-
-    def add(self, values: float | Iterable[float] | np.ndarray) -> None:
-        """Records one value or an array of values."""
-        array = np.asarray(values, dtype=np.float64)
-        if array.size:
-            self.min, self.max = min(self.min, float(array.min())), max(self.max, float(array.max()))
-            self.total += float(array.sum())
-            self.count += int(array.size)
-
-    @property
-    def mean(self) -> float:
-        return self.total / self.count if self.count else math.nan
-
-    def to_data(self) -> dict[str, Any]:
-        """``{"count", "mean", "min", "max"}`` as plain numbers (``None`` before the first value)."""
-        if not self.count:
-            return {"count": 0, "mean": None, "min": None, "max": None}
-        return {"count": self.count, "mean": self.mean, "min": self.min, "max": self.max}
 
 
 class _Gauge:
@@ -145,11 +111,11 @@ class _NodeStats:
         self.waiting_s = 0.0  # the part spent in the upstream stages it pulled
 
 
-class _Profiled(_Puller):
+class _Profiled(Puller):
     """A built stage under the profiler: counts its real items and splits each pull's time into its own and
     its upstream's (a stack of the time the active pulls spent in their upstream)."""
 
-    def __init__(self, inner: _Puller, stats: _NodeStats, profiler: Profiler) -> None:
+    def __init__(self, inner: Puller, stats: _NodeStats, profiler: Profiler) -> None:
         self.inner, self.stats, self.profiler = inner, stats, profiler
 
     def pull(self, block: bool) -> Any:
@@ -169,7 +135,7 @@ class _Profiled(_Puller):
             stats.waiting_s += upstream
             if stack:
                 stack[-1] += end - start
-        if item is not _NOT_READY and item is not _END:
+        if item is not NOT_READY and item is not END:
             stats.items_out += 1
         if end >= profiler.next_sample_at:
             profiler.sample(end)
@@ -184,7 +150,7 @@ class Profiler:
 
     def __init__(self, plan: LocalIterator[Any]) -> None:
         self.plan = plan
-        self.graph, self._records = plan_graph._build(plan)
+        self.graph, self._records = plan_graph.build_with_records(plan)
         self.labels = _unique_labels(self.graph)
         self.stats = {node.id: _NodeStats() for node in self.graph.nodes}
         self.gauges: dict[int, dict[str, _Gauge]] = {node.id: {} for node in self.graph.nodes}
@@ -211,7 +177,7 @@ class Profiler:
                 else:
                     self.gauges[edge.src]["queue_depth"] = _queue_gauge(fifo)
 
-    def wrap(self, record: object, puller: _Puller) -> _Puller:
+    def wrap(self, record: object, puller: Puller) -> Puller:
         """``puller`` (the built stage of ``record``, an origin or a stage) in a timing wrapper if ``record`` is a
         node of the graph; otherwise ``puller`` itself."""
         entry = self._records.get(id(record))
@@ -220,11 +186,9 @@ class Profiler:
         node = self.graph.nodes[entry[1]]
         stats = self.stats[node.id]
         stats.wrapped = True
-        if node.kind == "gather":
-            gauge = _in_flight_gauge(puller)
-            if gauge is not None:
-                self.gauges[node.id]["in_flight_per_shard"] = gauge
-        elif node.kind == "duplicate" and hasattr(puller, "queue"):
+        if node.kind == "gather" and isinstance(puller, AsyncSource):  # a barrier's requests live within one pull
+            self.gauges[node.id]["in_flight_per_shard"] = _Gauge(puller.in_flight, puller.num_async, per_shard=True)
+        elif node.kind == "duplicate" and isinstance(puller, DuplicateChild):
             held = puller.queue
             self.gauges[node.id]["buffered"] = _Gauge(lambda: [len(held)], 1)
         return _Profiled(puller, stats, self)
@@ -285,20 +249,6 @@ def _queue_gauge(fifo: queue.Queue[Any]) -> _Gauge:
     return _Gauge(lambda: [fifo.qsize()], fifo.maxsize if fifo.maxsize > 0 else None)
 
 
-def _in_flight_gauge(puller: _Puller) -> _Gauge | None:
-    """Requests in flight per shard of an async gather (``gather_async``, ``get_shard``); ``None`` for a barrier,
-    whose one request per shard is submitted and collected within a single pull."""
-    source: Any = puller
-    if not hasattr(source, "refs"):
-        return None
-    actors = [actor for actor, _ in source.pairs]
-
-    def in_flight() -> list[float]:
-        counts = Counter(source.refs.values())  # outstanding ref -> its actor
-        return [counts[actor] for actor in actors]
-    return _Gauge(in_flight, source.num_async, per_shard=True)
-
-
 def enable(plan: LocalIterator[T]) -> LocalIterator[T]:
     """Turns on per-operator profiling for ``plan`` and returns it; call it before the plan's first pull.
 
@@ -311,17 +261,17 @@ def enable(plan: LocalIterator[T]) -> LocalIterator[T]:
     """
     if not isinstance(plan, LocalIterator):
         raise TypeError(f"enable() profiles a plan (a LocalIterator), got {type(plan).__name__}")
-    if plan._chain is not None:
+    if was_pulled(plan):
         raise ValueError(f"{plan!r:.120} has already been pulled, so its stages are built without the profiler; "
                          f"enable profiling right after building the plan, before its first pull")
-    flow = plan._cell.flow
-    if flow.profiler is None or flow.profiler.plan is not plan:
+    flow = flow_of(plan)
+    if not isinstance(flow.profiler, Profiler) or flow.profiler.plan is not plan:
         flow.profiler = Profiler(plan)
     return plan
 
 
 def _profiler_of(plan: LocalIterator[Any]) -> Profiler:
-    profiler = plan._cell.flow.profiler
+    profiler = flow_of(plan).profiler
     if not isinstance(profiler, Profiler):
         raise ValueError(f"profiling is off for {plan!r:.120}; turn it on before the first pull with "
                          f"flowrl.profiling.enable(plan), or TrainerConfig(profile=True) for a trainer")
@@ -396,7 +346,7 @@ def table(plan: LocalIterator[Any]) -> str:
     rows = [("operator", "in", "out", "in op s", "waiting s", "wall %")]
     notes: list[tuple[str, str]] = []
     inside = 0.0
-    for node_id, line, repeat in plan_graph._text_rows(profiler.graph):
+    for node_id, line, repeat in plan_graph.text_rows(profiler.graph):
         entry = nodes[profiler.labels[node_id]]
         if repeat:
             rows.append((line, "", "", "", "", ""))
