@@ -398,13 +398,16 @@ def test_labels_and_reprs() -> None:
         ".zip_with_source_actor()]")
 
 
-@pytest.mark.parametrize("call", [
-    lambda it: it.batch(0),
-    lambda it: it.for_each(str, max_concurrency=0),
-    lambda it: it.shuffle(0),
+@pytest.mark.parametrize("call,message", [
+    (lambda it: it.batch(0), r"batch\(\) n=0 must be an int >= 1 \(items per list\)"),
+    (lambda it: it.batch(True), r"batch\(\) n=True must be an int >= 1"),  # a bool is never a count
+    (lambda it: it.for_each(str, max_concurrency=0),
+     r"max_concurrency=0 must be an int >= 1 \(1 runs the function in this process; k > 1 runs k Ray tasks"),
+    (lambda it: it.shuffle(0), r"shuffle_buffer_size=0 must be an int >= 1 \(items held to shuffle among\)"),
+    (lambda it: it.duplicate(1), r"duplicate\(\) n=1 must be an int >= 2 \(children; use the iterator itself"),
 ])
-def test_bad_arguments_raise_value_error(call: Any) -> None:
-    with pytest.raises(ValueError):
+def test_bad_arguments_raise_value_error_naming_argument_value_and_meaning(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         call(iter_list([1]))
 
 

@@ -115,10 +115,13 @@ def test_reprs_name_the_pipeline(pool: list[Any]) -> None:
     assert sorted(parts.gather_sync().take(4)) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("call", [lambda: from_items([1], num_shards=0), lambda: from_range(-1),
-                                  lambda: from_range(3, num_shards=0)])
-def test_constructor_arguments_are_checked(call: Any) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("call,message", [
+    (lambda: from_items([1], num_shards=0), r"num_shards=0 must be an int >= 1 \(shard actors\)"),
+    (lambda: from_range(-1), r"from_range\(\) n=-1 must be an int >= 0 \(the length of range\(n\)\)"),
+    (lambda: from_range(3, num_shards=True), r"num_shards=True must be an int >= 1"),
+])
+def test_constructor_arguments_are_checked(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         call()
 
 
@@ -186,14 +189,29 @@ def test_property_gather_async_bounds_requests_and_delivers_exactly_once(
     assert sorted(out) == sorted(x for xs in tagged for x in xs)
 
 
-@pytest.mark.parametrize("kwargs", [{"num_async": 0}, {"batch_ms": -1}, {"num_async": 1.5}])
-def test_gather_async_arguments_are_checked(pool: list[Any], kwargs: dict[str, Any]) -> None:
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_async": 0}, r"num_async=0 must be an int >= 1 \(requests in flight per shard\)"),
+    ({"num_async": 1.5}, r"num_async=1.5 must be an int >= 1"),
+    ({"batch_ms": -1}, r"batch_ms=-1 must be a number >= 0 \(0: one item per request\)"),
+    ({"batch_ms": math.nan}, r"batch_ms=nan must be a number >= 0"),
+])
+def test_gather_async_arguments_are_checked(pool: list[Any], kwargs: dict[str, Any], message: str) -> None:
     # over live actors: a shard actor dropped before Ray registered it makes Ray print "Failed to register actor"
     pi = from_actors(pool[:1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         pi.gather_async(**kwargs)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         pi.get_shard(0, **kwargs)
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, math.inf, math.nan, True])
+def test_gather_timeouts_are_checked(pool: list[Any], timeout_s: Any) -> None:
+    pi = from_actors(pool[:1])
+    message = rf"timeout_s={timeout_s!r} must be a number in \(0, inf\), or None \(seconds; None waits forever\)"
+    with pytest.raises(ValueError, match=message):
+        pi.gather_async(timeout_s=timeout_s)
+    with pytest.raises(ValueError, match=message):
+        pi.batch_across_shards(timeout_s=timeout_s)
 
 
 def test_batched_async_gather_delivers_everything_and_returns_at_end_of_stream() -> None:
