@@ -10,13 +10,11 @@ delivers nothing for that long. Only one gather may be active per shard: initial
 older gather, which then fails at its next request.
 
 Examples:
-    >>> it = from_range(4, num_shards=2)
-    >>> it
-    ParallelIterator[from_range[4, shards=2]]
-    >>> it.gather_sync().take(4)
-    [0, 2, 1, 3]
-    >>> it.filter(lambda x: x < 3).gather_sync().take(4)
-    [0, 2, 1]
+    >>> pi = from_range(6, num_shards=3)
+    >>> pi.num_shards(), pi.get_shard(2).take(5)
+    (3, [4, 5])
+    >>> pi.batch_across_shards().take(1)
+    [[0, 2, 4]]
 """
 
 from __future__ import annotations
