@@ -33,6 +33,7 @@ from __future__ import annotations
 from flowrl.iter.local import LocalIterator
 from flowrl.iter.parallel import (ParallelIterator, ShardTimeoutError, from_actors, from_items, from_iterators,
                                   from_range)
+# (SHARD_END and SHARD_SUPERSEDED, outside __all__, were importable from flowrl.iter before it became a package)
 from flowrl.iter.shards import SHARD_END, SHARD_SUPERSEDED, ParallelIteratorWorker, get_shard_worker
 from flowrl.iter.stages import RetryLater, get_metrics
 from flowrl.metrics import MetricsContext, Timer
