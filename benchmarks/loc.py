@@ -35,7 +35,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 HANDWRITTEN = HERE / "handwritten"
 COMPARED = ("a3c", "ppo", "apex")
-CORE = ("flowrl/iter.py", "flowrl/metrics.py", "flowrl/runtime.py")
+CORE = (*(f"flowrl/iter/{name}.py" for name in ("__init__", "stages", "pullers", "local", "shards", "parallel")),
+        "flowrl/metrics.py", "flowrl/runtime.py")
 _NOT_CODE = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
 
 

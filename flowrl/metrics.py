@@ -21,12 +21,16 @@ Examples:
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections import Counter, defaultdict, deque
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
-    "MetricsContext", "Timer", "MetricsBinding",
+    "MetricsContext", "Timer", "MetricsBinding", "Summary",
     "STEPS_SAMPLED_COUNTER", "AGENT_STEPS_SAMPLED_COUNTER", "STEPS_TRAINED_COUNTER",
     "AGENT_STEPS_TRAINED_COUNTER", "STEPS_TRAINED_THIS_ITER_COUNTER", "LAST_TARGET_UPDATE_TS", "LAST_REPORT_TIMESTEPS",
     "NUM_TARGET_UPDATES", "NUM_WEIGHT_BROADCASTS", "NUM_WEIGHT_SYNCS", "NUM_LEARNER_UPDATES",
@@ -229,3 +233,45 @@ class MetricsBinding:
             raise RuntimeError(f"{type(self).__name__} is not bound to a metrics context; attach it to an "
                                f"iterator (the core binds it on the first pull) or call .bind(metrics)")
         return self._bound_metrics
+
+    @property
+    def bound_metrics(self) -> MetricsContext | None:
+        """The context this operator is bound to; ``None`` before the first ``bind``."""
+        return self._bound_metrics
+
+
+class Summary:
+    """Count, mean, min and max of observed values (one writing thread; any thread may read).
+
+    Examples:
+        >>> s = Summary()
+        >>> s.add([0, 2, 4]); s.add(6)
+        >>> s.to_data()
+        {'count': 4, 'mean': 3.0, 'min': 0.0, 'max': 6.0}
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, values: float | Iterable[float] | np.ndarray) -> None:
+        """Records one value or an array of values."""
+        import numpy as np  # here, so that the iterator core imports without numpy
+
+        array = np.asarray(values, dtype=np.float64)
+        if array.size:
+            self.min, self.max = min(self.min, float(array.min())), max(self.max, float(array.max()))
+            self.total += float(array.sum())
+            self.count += int(array.size)
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+    def to_data(self) -> dict[str, Any]:
+        """``{"count", "mean", "min", "max"}`` as plain numbers (``None`` before the first value)."""
+        if not self.count:
+            return {"count": 0, "mean": None, "min": None, "max": None}
+        return {"count": self.count, "mean": self.mean, "min": self.min, "max": self.max}

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from ray import cloudpickle
 from hypothesis import strategies as st
 
-from flowrl import iter as fiter
 from flowrl.iter import LocalIterator, RetryLater, get_metrics
+from flowrl.iter.stages import NOT_READY
 from flowrl.metrics import MetricsBinding, MetricsContext
 from flowrl.testing import iter_list
 
@@ -266,7 +266,7 @@ def test_duplicate_child_ahead_reports_not_ready_without_pulling() -> None:
     assert next(a) == 0 and pulled == [0]
     chain = a._chain
     assert chain is not None
-    assert chain.pull(False) is fiter._NOT_READY and pulled == [0]  # a is ahead: b still holds item 0
+    assert chain.pull(False) is NOT_READY and pulled == [0]  # a is ahead: b still holds item 0
     state = chain.state  # type: ignore[attr-defined]
     assert [len(q) for q in state.queues] == [0, 1]
     assert next(b) == 0
@@ -398,13 +398,16 @@ def test_labels_and_reprs() -> None:
         ".zip_with_source_actor()]")
 
 
-@pytest.mark.parametrize("call", [
-    lambda it: it.batch(0),
-    lambda it: it.for_each(str, max_concurrency=0),
-    lambda it: it.shuffle(0),
+@pytest.mark.parametrize("call,message", [
+    (lambda it: it.batch(0), r"batch\(\) n=0 must be an int >= 1 \(items per list\)"),
+    (lambda it: it.batch(True), r"batch\(\) n=True must be an int >= 1"),  # a bool is never a count
+    (lambda it: it.for_each(str, max_concurrency=0),
+     r"max_concurrency=0 must be an int >= 1 \(1 runs the function in this process; k > 1 runs k Ray tasks"),
+    (lambda it: it.shuffle(0), r"shuffle_buffer_size=0 must be an int >= 1 \(items held to shuffle among\)"),
+    (lambda it: it.duplicate(1), r"duplicate\(\) n=1 must be an int >= 2 \(children; use the iterator itself"),
 ])
-def test_bad_arguments_raise_value_error(call: Any) -> None:
-    with pytest.raises(ValueError):
+def test_bad_arguments_raise_value_error_naming_argument_value_and_meaning(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         call(iter_list([1]))
 
 

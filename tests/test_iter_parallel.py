@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ray import cloudpickle
 
-from flowrl.iter import (LocalIterator, ParallelIterator, ParallelIteratorWorker, _from_wire, _to_wire, from_actors,
-                         from_items, from_iterators, from_range, get_shard_worker)
+from flowrl.iter import (LocalIterator, ParallelIterator, ParallelIteratorWorker, from_actors, from_items,
+                         from_iterators, from_range, get_shard_worker)
+from flowrl.iter.shards import from_wire, to_wire
 from flowrl.sample_batch import MultiAgentBatch, SampleBatch
 
 
@@ -114,10 +115,13 @@ def test_reprs_name_the_pipeline(pool: list[Any]) -> None:
     assert sorted(parts.gather_sync().take(4)) == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("call", [lambda: from_items([1], num_shards=0), lambda: from_range(-1),
-                                  lambda: from_range(3, num_shards=0)])
-def test_constructor_arguments_are_checked(call: Any) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("call,message", [
+    (lambda: from_items([1], num_shards=0), r"num_shards=0 must be an int >= 1 \(shard actors\)"),
+    (lambda: from_range(-1), r"from_range\(\) n=-1 must be an int >= 0 \(the length of range\(n\)\)"),
+    (lambda: from_range(3, num_shards=True), r"num_shards=True must be an int >= 1"),
+])
+def test_constructor_arguments_are_checked(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         call()
 
 
@@ -185,14 +189,29 @@ def test_property_gather_async_bounds_requests_and_delivers_exactly_once(
     assert sorted(out) == sorted(x for xs in tagged for x in xs)
 
 
-@pytest.mark.parametrize("kwargs", [{"num_async": 0}, {"batch_ms": -1}, {"num_async": 1.5}])
-def test_gather_async_arguments_are_checked(pool: list[Any], kwargs: dict[str, Any]) -> None:
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_async": 0}, r"num_async=0 must be an int >= 1 \(requests in flight per shard\)"),
+    ({"num_async": 1.5}, r"num_async=1.5 must be an int >= 1"),
+    ({"batch_ms": -1}, r"batch_ms=-1 must be a number >= 0 \(0: one item per request\)"),
+    ({"batch_ms": math.nan}, r"batch_ms=nan must be a number >= 0"),
+])
+def test_gather_async_arguments_are_checked(pool: list[Any], kwargs: dict[str, Any], message: str) -> None:
     # over live actors: a shard actor dropped before Ray registered it makes Ray print "Failed to register actor"
     pi = from_actors(pool[:1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         pi.gather_async(**kwargs)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         pi.get_shard(0, **kwargs)
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1.0, math.inf, math.nan, True])
+def test_gather_timeouts_are_checked(pool: list[Any], timeout_s: Any) -> None:
+    pi = from_actors(pool[:1])
+    message = rf"timeout_s={timeout_s!r} must be a number in \(0, inf\), or None \(seconds; None waits forever\)"
+    with pytest.raises(ValueError, match=message):
+        pi.gather_async(timeout_s=timeout_s)
+    with pytest.raises(ValueError, match=message):
+        pi.batch_across_shards(timeout_s=timeout_s)
 
 
 def test_batched_async_gather_delivers_everything_and_returns_at_end_of_stream() -> None:
@@ -505,14 +524,14 @@ def _wire_items() -> list[Any]:
 def test_wire_encodes_only_items_that_offer_it_and_every_bytes_item() -> None:
     small, raw, large, tagged, multi, plain, none, buf = _wire_items()
     for item in (small, raw, multi, buf, np.bytes_(b"np")):
-        answer = _to_wire(item)
+        answer = to_wire(item)
         assert type(answer) is bytes
-        decoded = _from_wire(answer)
+        decoded = from_wire(answer)
         assert type(decoded) is type(item) and decoded == item
     for item in (large, tagged, plain, none):
-        assert _to_wire(item) is item and _from_wire(item) is item
+        assert to_wire(item) is item and from_wire(item) is item
     ref = ray.put(small)
-    assert _to_wire(ref) is ref  # Ray's serialiser keeps ObjectRefs' ownership: never a plain pickle
+    assert to_wire(ref) is ref  # Ray's serialiser keeps ObjectRefs' ownership: never a plain pickle
 
 
 def test_a_shard_answers_a_small_batch_as_bytes_and_a_large_one_as_itself() -> None:
@@ -520,7 +539,7 @@ def test_a_shard_answers_a_small_batch_as_bytes_and_a_large_one_as_itself() -> N
     shard = CountingShard.remote([small, large])  # type: ignore[attr-defined]
     ray.get(shard.par_iter_init.remote((), "g"))
     first, second = ray.get(shard.par_iter_next.remote()), ray.get(shard.par_iter_next.remote())
-    assert type(first) is bytes and _from_wire(first) == small
+    assert type(first) is bytes and from_wire(first) == small
     assert type(second) is SampleBatch and second == large
 
 

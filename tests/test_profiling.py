@@ -19,6 +19,7 @@ from flowrl.algorithms.apex import ApexConfig, make_replay_shards, plan as apex_
 from flowrl.algorithms.pg import PGConfig
 from flowrl.cli import main
 from flowrl.iter import LocalIterator
+from flowrl.iter import profiling as iter_profiling
 from flowrl.ops import Concurrently, Dequeue, Enqueue
 from flowrl.sample_batch import WEIGHTS_VERSION
 from flowrl.testing import TinyPGPolicy, iter_list, make_fake_workers
@@ -114,10 +115,10 @@ def test_profiling_off_leaves_the_plan_stages_unwrapped() -> None:
     assert off.take(2) == on.take(2) == [1, 7]
     assert off._cell.flow.profiler is None
     first_input = off._chain.active[0][0]  # the union's first input, as built: filter <- for_each <- source
-    assert [type(p).__name__ for p in built_stages(first_input)] == ["_Filter", "_ForEach", "_IterSource"]
-    assert isinstance(on._chain, profiling._Profiled)
+    assert [type(p).__name__ for p in built_stages(first_input)] == ["Filter", "ForEach", "IterSource"]
+    assert isinstance(on._chain, iter_profiling._Profiled)
     wrapped = [type(p).__name__ for p in built_stages(on._chain.inner.active[0][0])]
-    assert wrapped == ["_Profiled", "_Filter", "_Profiled", "_ForEach", "_Profiled", "_IterSource"]
+    assert wrapped == ["_Profiled", "Filter", "_Profiled", "ForEach", "_Profiled", "IterSource"]
 
 
 def test_enable_refuses_a_pulled_plan_and_profile_needs_profiling_on() -> None:

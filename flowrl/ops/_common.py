@@ -6,7 +6,7 @@ from typing import Any, Collection
 
 import numpy as np
 
-from flowrl.profiling import Summary
+from flowrl.metrics import Summary
 from flowrl.sample_batch import DEFAULT_POLICY_ID, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.validation import check_int
 

@@ -26,12 +26,13 @@ from typing import Any, Callable, Generic, Literal, Mapping, Protocol, Sequence,
 
 import numpy as np
 
-from flowrl.iter import LocalIterator, RetryLater, _union_quotas
+from flowrl.iter import LocalIterator, RetryLater
+from flowrl.iter.pullers import union_quotas
 from flowrl.metrics import (LEARNER_DEQUEUE_TIMER, LEARNER_GRAD_TIMER, LEARNER_INFO, LEARNER_LOAD_TIMER,
                             LEARNER_LOAD_WAIT_TIMER, LEARNER_OVERALL_TIMER, LEARNER_QUEUE_INFO, LEARNER_STATS_KEY,
                             TIMING_BREAKDOWN_INFO, MetricsBinding, Timer)
 from flowrl.ops._common import check_batch, check_int, record_staleness, staleness_info
-from flowrl.profiling import Summary
+from flowrl.metrics import Summary
 from flowrl.sample_batch import BATCH_INDEXES, TD_ERROR, AnyBatch
 
 __all__ = ["Concurrently", "Enqueue", "Dequeue", "MinibatchBuffer", "LearnerThread", "MultiGPULearnerThread",
@@ -154,7 +155,7 @@ def Concurrently(ops: Sequence[LocalIterator[Any]], *, mode: Literal["round_robi
         if isinstance(round_robin_weights, (str, bytes)) or not isinstance(round_robin_weights, Sequence):
             raise ValueError(f"Concurrently round_robin_weights={round_robin_weights!r} must be a list with one "
                              f"entry per op ({len(ops)})")
-        _union_quotas(len(ops), True, round_robin_weights)  # the core's checks: length and entries
+        union_quotas(len(ops), True, round_robin_weights)  # the core's checks: length and entries
         if all(w == "*" for w in round_robin_weights):
             raise ValueError(f"Concurrently round_robin_weights={list(round_robin_weights)!r} are all '*'; give "
                              f"at least one op a numeric weight (pulls per turn) to set the pace")

@@ -35,7 +35,7 @@ from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, APPLY_GRADS_TIMER, COMP
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
 from flowrl.ops._common import check_batch, check_int, record_staleness, staleness_info
 from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy
-from flowrl.profiling import Summary
+from flowrl.metrics import Summary
 from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.workers import WorkerSet
 
