@@ -25,7 +25,7 @@ import numbers
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, TypeVar
 
 from flowrl._config_hints import Hint, config_field_types, field_hints
 from flowrl.envs.base import EnvSpec, check_seed
@@ -41,6 +41,8 @@ __all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "Traine
            "check_finite_fields"]
 
 ACTIVATIONS = ("tanh", "relu", "elu")
+
+C = TypeVar("C")
 
 logger = logging.getLogger(__name__)
 
@@ -507,7 +509,7 @@ def _from_fields(config_class: type, fields: Mapping[str, Any]) -> Any:
     return config_class(**{name: _from_plain(value, hints[name]) for name, value in fields.items()})
 
 
-def config_from_data(config_class: type, data: Mapping[str, Any]) -> Any:
+def config_from_data(config_class: type[C], data: Mapping[str, Any]) -> C:
     """Rebuilds a config of ``config_class`` from :func:`config_to_data` output; its own validation runs.
 
     Raises:
@@ -524,4 +526,5 @@ def config_from_data(config_class: type, data: Mapping[str, Any]) -> Any:
                               f"({entry.get('value')})" for path, entry in custom.items())
         raise ValueError(f"this config holds {described}, which cannot be stored as data; restore it from "
                          f"Python with Trainer(...).restore(path)")
-    return _from_fields(config_class, data["fields"])
+    config: C = _from_fields(config_class, data["fields"])
+    return config

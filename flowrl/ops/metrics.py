@@ -4,6 +4,10 @@
 :class:`ReportGate` opens (enough new steps **and** enough time), then :class:`CollectMetrics` turns the
 workers' finished episodes and the dataflow's metrics context into one result dict.
 
+Not to be confused with :mod:`flowrl.metrics`: that module is the core these operators read (the
+:class:`~flowrl.metrics.MetricsContext` with its counters and timers, and the counter and timer names); this one
+holds only the reporting operators, which decide when a plan reports and build its result dicts.
+
 Examples:
     >>> from flowrl.testing import make_fake_workers
     >>> from flowrl.config import TrainerConfig
@@ -24,7 +28,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -425,7 +429,8 @@ def StandardMetricsReporting(train_op: LocalIterator[Any], workers: WorkerSet, c
     by_steps_trained, clock=clock)).for_each(CollectMetrics(workers, config.metrics_smoothing_episodes,
     config.collect_metrics_timeout, config.keep_per_episode_custom_metrics, selected_workers,
     by_steps_trained))``. ``train_op``'s values are ignored: one result spans as many dataflow steps as
-    the gate needs. A config lacking one of those attributes gets its default (0, 0, 100, 180, False).
+    the gate needs. ``config`` is a config object, or a mapping with those names as keys (an RLlib 1.x dict
+    config, such as Ray's own execution tests pass); a setting it lacks gets its default (0, 0, 100, 180, False).
 
     Metrics: as :class:`ReportGate` and :class:`CollectMetrics`.
 
@@ -444,6 +449,8 @@ def StandardMetricsReporting(train_op: LocalIterator[Any], workers: WorkerSet, c
         [1.0, 4.0, 7.0]
     """
     def setting(name: str) -> Any:
+        if isinstance(config, Mapping):  # read as attributes, its keys would be missed, and the defaults silently used
+            return config.get(name, _CONFIG_DEFAULTS[name])
         return getattr(config, name, _CONFIG_DEFAULTS[name])
 
     gate = ReportGate(setting("timesteps_per_iteration"), setting("min_iter_time_s"), by_steps_trained, clock=clock)
