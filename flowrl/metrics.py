@@ -5,9 +5,9 @@ Every dataflow owns exactly one :class:`MetricsContext`; the iterator a plan ret
 :class:`MetricsBinding`); counter and timer names are the constants below.
 
 Not to be confused with :mod:`flowrl.ops.metrics`: this module is the core that records (the context, its
-counters and timers, the key names); :mod:`flowrl.ops.metrics` holds the
-reporting operators (``StandardMetricsReporting``, ``CollectMetrics``, ``ReportGate``) that read this context
-and turn it into a plan's result dicts.
+counters and timers, the key names); :mod:`flowrl.ops.metrics` holds the reporting operators
+(``StandardMetricsReporting``, ``CollectMetrics``, ``ReportGate``) that read this context and turn it into a
+plan's result dicts.
 
 Examples:
     >>> ctx = MetricsContext()
