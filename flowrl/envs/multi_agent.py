@@ -33,6 +33,7 @@ import numpy as np
 from flowrl.envs._state import env_rng, load_env_rng, rng_state, to_plain
 from flowrl.envs.base import EnvContext, EpisodeRecord, check_seed, derive_seed
 from flowrl.sample_batch import DEFAULT_POLICY_ID
+from flowrl.validation import check_int
 
 __all__ = ["MultiAgentEnv", "MultiAgentCartPole", "MultiAgentVectorEnv", "MultiAgentStep", "MultiAgentVectorStep",
            "PolicyMapping", "make_policy_mapping", "ALL"]
@@ -120,20 +121,19 @@ class MultiAgentCartPole(MultiAgentEnv):
     """
 
     def __init__(self, num_agents: int | EnvContext | Mapping[str, Any] = 2, *, max_episode_steps: int = 500) -> None:
+        agents: Any = num_agents  # an int once checked
         if isinstance(num_agents, (EnvContext, Mapping)):
             config = num_agents.config if isinstance(num_agents, EnvContext) else num_agents
             unknown = set(config) - {"num_agents", "max_episode_steps"}
             if unknown:
                 raise ValueError(f"MultiAgentCartPole config keys {sorted(unknown)} are unknown; it takes "
                                  f"'num_agents' and 'max_episode_steps'")
-            num_agents = config.get("num_agents", 2)
+            agents = config.get("num_agents", 2)
             max_episode_steps = config.get("max_episode_steps", max_episode_steps)
-        if not isinstance(num_agents, int):
-            raise ValueError(f"MultiAgentCartPole: num_agents={num_agents!r} must be an int >= 1")
-        for name, value in (("num_agents", num_agents), ("max_episode_steps", max_episode_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"MultiAgentCartPole: {name}={value!r} must be an int >= 1")
-        self.agent_ids = tuple(f"agent_{i}" for i in range(num_agents))
+        check_int("MultiAgentCartPole num_agents", agents, 1, "CartPoles stepped together, one per agent")
+        check_int("MultiAgentCartPole max_episode_steps", max_episode_steps, 1, "steps before an agent's episode "
+                  "is truncated")
+        self.agent_ids = tuple(f"agent_{i}" for i in range(agents))
         self._envs = {aid: gymnasium.make("CartPole-v1", max_episode_steps=max_episode_steps)
                       for aid in self.agent_ids}
         self._live: list[str] = []
@@ -447,8 +447,7 @@ class MultiAgentVectorEnv:
 
     def __init__(self, env: Callable[[EnvContext], MultiAgentEnv], num_envs: int, *, seed: int | None = None,
                  worker_index: int = 0, config: Mapping[str, Any] | None = None) -> None:
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} must be an int >= 1")
+        check_int("num_envs", num_envs, 1, "envs stepped together by one worker")
         if not callable(env):
             raise TypeError(f"env={env!r} must be a callable EnvContext -> MultiAgentEnv")
         self.seed = check_seed(seed)
