@@ -29,6 +29,10 @@ higher-numbered ones. A run's rows are dropped only when that run itself is resu
 another run's directory is refused. A write that fails (a full disk) ends training with one line naming the
 path; the logs stay whole through their last row and the last checkpoint stays restorable.
 
+This module holds the commands and their argument checks; ``--config`` parsing lives in
+:mod:`flowrl._cli_config` and ``train``'s run loop (progress, stop signals, failed writes) in
+:mod:`flowrl._cli_train`. Everything importable from ``flowrl.cli`` before that split still is.
+
 Examples:
     >>> from click.testing import CliRunner
     >>> print(CliRunner().invoke(main, ["train", "ppo", "--config", "lr=-1", "--stop-iters", "1"]).output)
@@ -74,6 +78,7 @@ __all__ = ["main", "MAIN_JOB", "StopCriteria", "build_config", "parse_overrides"
 #: smoothed return reaches 450 or 300k env steps have been sampled.
 MAIN_JOB = ("train", "ppo", "--env", "CartPole-v1", "--tuned", "--seed", "0", "--stop-reward", "450",
             "--stop-timesteps", "300000")
+
 
 # -- paths --------------------------------------------------------------------------------------
 
