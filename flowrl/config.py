@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, Typ
 
 from flowrl._config_hints import Hint, config_field_types, field_hints
 from flowrl.envs.base import EnvSpec, check_seed
-from flowrl.envs.multi_agent import make_policy_mapping
+from flowrl.envs.policy_mapping import make_policy_mapping
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import bounded, check_bounds
 
