@@ -4,7 +4,8 @@ They live apart from the classes they configure so that a process can build, che
 config (the CLI, a fake worker actor in tests) without importing torch. :mod:`flowrl.models`,
 :mod:`flowrl.policy` and :mod:`flowrl.workers` re-export them. :func:`config_to_data` and
 :func:`config_from_data` turn a config into plain JSON data and back (checkpoints store it, so the CLI can
-resume and evaluate from a path alone).
+resume and evaluate from a path alone), reading each field's type through :mod:`flowrl._config_hints` (the
+walker the command line's ``--config`` parsing uses too); :func:`config_field_types` is re-exported from there.
 
 Examples:
     >>> RolloutConfig(env="CartPole-v1", num_envs_per_worker=4, rollout_fragment_length=50).sample_size
@@ -23,12 +24,12 @@ import math
 import numbers
 import os
 import sys
-import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, TypeVar
 
+from flowrl._config_hints import Hint, config_field_types, field_hints
 from flowrl.envs.base import EnvSpec, check_seed
-from flowrl.envs.multi_agent import make_policy_mapping
+from flowrl.envs.policy_mapping import make_policy_mapping
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import bounded, check_bounds
 
@@ -40,6 +41,8 @@ __all__ = ["ModelConfig", "PolicyConfig", "PolicySpec", "RolloutConfig", "Traine
            "check_finite_fields"]
 
 ACTIVATIONS = ("tanh", "relu", "elu")
+
+C = TypeVar("C")
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +108,6 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.conv_filters entry {f!r} must be (out_channels, kernel, stride)")
 
 
-def _is_float_type(tp: Any) -> bool:
-    """``float`` or a union holding it (``float | None``)."""
-    return tp is float or (get_origin(tp) in (Union, types.UnionType) and float in get_args(tp))
-
-
 _FLOAT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
 
 
@@ -133,8 +131,8 @@ def check_finite_fields(config: Any) -> None:
     """
     cls = type(config)
     if cls not in _FLOAT_FIELDS:
-        _FLOAT_FIELDS[cls] = tuple((name, type(None) in get_args(tp)) for name, tp in config_field_types(cls).items()
-                                   if _is_float_type(tp))
+        _FLOAT_FIELDS[cls] = tuple((name, hint.optional) for name, hint in field_hints(cls).items()
+                                   if hint.kind == "float")
     infinite_ok: frozenset[str] = getattr(config, "infinite_ok_fields", frozenset())
     for name, optional in _FLOAT_FIELDS[cls]:
         value = getattr(config, name)
@@ -404,34 +402,7 @@ class TrainerConfig(RolloutConfig):
         return self.simple_optimizer
 
 
-# -- configs as plain data (checkpoints, the command line) -----------------------------------------
-
-def config_field_types(config_class: type) -> dict[str, Any]:
-    """The type of each field of a config dataclass, resolved from its annotations.
-
-    A hint that names a ``TYPE_CHECKING``-only import (``PolicySpec.policy_class: type[Policy]``) resolves
-    to ``None``: such a field holds a class or a callable, never plain data.
-
-    Examples:
-        >>> types_ = config_field_types(ModelConfig)
-        >>> types_["hidden_sizes"], types_["free_log_std"]
-        (tuple[int, ...], <class 'bool'>)
-        >>> config_field_types(PolicySpec)["policy_class"] is None
-        True
-    """
-    hints: dict[str, Any] = {}
-    for klass in reversed(config_class.__mro__):
-        module = sys.modules.get(klass.__module__)
-        namespace = dict(vars(module)) if module is not None else {}
-        for name, annotation in klass.__dict__.get("__annotations__", {}).items():
-            if isinstance(annotation, str):
-                try:  # the class's own source annotation, evaluated as typing.get_type_hints would
-                    annotation = eval(annotation, namespace)
-                except Exception:  # a name imported only under TYPE_CHECKING
-                    annotation = None
-            hints[name] = annotation
-    return {f.name: hints.get(f.name) for f in dataclasses.fields(config_class)}
-
+# -- configs as plain data (checkpoints) ----------------------------------------------------------
 
 _MISSING = object()
 
@@ -507,24 +478,20 @@ def _at(config: Any, path: str) -> Any:
     return config
 
 
-def _from_plain(value: Any, tp: Any) -> Any:
-    """JSON ``value`` back to the field type ``tp``: lists to tuples, dicts to nested config dataclasses."""
+def _from_plain(value: Any, hint: Hint) -> Any:
+    """JSON ``value`` back to what a field of ``hint`` holds: lists to tuples, dicts to nested config dataclasses."""
     if value is None:
         return None
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Union or origin is types.UnionType:
-        members = [a for a in args if a is not type(None)]
-        if isinstance(value, list):
-            members = [m for m in members if get_origin(m) in (tuple, list)]
-        elif isinstance(value, dict):
-            members = [m for m in members if isinstance(m, type) and dataclasses.is_dataclass(m)]
+    if hint.kind == "union":  # the one member of the value's shape, if only one has it
+        kinds = ("tuple",) if isinstance(value, list) else ("config",) if isinstance(value, dict) else None
+        members = [m for m in hint.items if kinds is None or m.kind in kinds]
         return _from_plain(value, members[0]) if len(members) == 1 else value
-    if origin is tuple and isinstance(value, list):
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_from_plain(v, args[0]) for v in value)
-        return tuple(_from_plain(v, a) for v, a in zip(value, args, strict=False))
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        return _from_fields(tp, value)
+    if hint.kind == "tuple" and isinstance(value, list):
+        if hint.variadic:
+            return tuple(_from_plain(v, hint.items[0]) for v in value)
+        return tuple(_from_plain(v, h) for v, h in zip(value, hint.items, strict=False))
+    if hint.kind == "config" and hint.config_class is not None and isinstance(value, dict):
+        return _from_fields(hint.config_class, value)
     return value
 
 
@@ -533,16 +500,16 @@ RENAMED_FIELDS = {"_fake_gpus": "fake_gpus"}
 
 
 def _from_fields(config_class: type, fields: Mapping[str, Any]) -> Any:
-    types_ = config_field_types(config_class)
-    fields = {RENAMED_FIELDS.get(name, name) if name not in types_ else name: value for name, value in fields.items()}
-    unknown = sorted(set(fields) - set(types_))
+    hints = field_hints(config_class)
+    fields = {RENAMED_FIELDS.get(name, name) if name not in hints else name: value for name, value in fields.items()}
+    unknown = sorted(set(fields) - set(hints))
     if unknown:
         raise ValueError(f"{config_class.__name__} has no fields {unknown}; the data was written by another "
-                         f"version of flowrl (its fields: {sorted(types_)})")
-    return config_class(**{name: _from_plain(value, types_[name]) for name, value in fields.items()})
+                         f"version of flowrl (its fields: {sorted(hints)})")
+    return config_class(**{name: _from_plain(value, hints[name]) for name, value in fields.items()})
 
 
-def config_from_data(config_class: type, data: Mapping[str, Any]) -> Any:
+def config_from_data(config_class: type[C], data: Mapping[str, Any]) -> C:
     """Rebuilds a config of ``config_class`` from :func:`config_to_data` output; its own validation runs.
 
     Raises:
@@ -559,4 +526,5 @@ def config_from_data(config_class: type, data: Mapping[str, Any]) -> Any:
                               f"({entry.get('value')})" for path, entry in custom.items())
         raise ValueError(f"this config holds {described}, which cannot be stored as data; restore it from "
                          f"Python with Trainer(...).restore(path)")
-    return _from_fields(config_class, data["fields"])
+    config: C = _from_fields(config_class, data["fields"])
+    return config

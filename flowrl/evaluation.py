@@ -36,6 +36,7 @@ from flowrl.envs import (EnvContext, EnvSpec, MultiAgentVectorEnv, PolicyMapping
                          make_policy_mapping)
 from flowrl.policy import Policy
 from flowrl.sample_batch import DEFAULT_POLICY_ID
+from flowrl.validation import check_int
 
 __all__ = ["EvaluationResult", "RenderError", "evaluate_policy", "evaluate_multi_agent", "evaluate_checkpoint",
            "MAX_EVAL_ENVS"]
@@ -84,8 +85,7 @@ class EvaluationResult:
 
 
 def _check_episodes(episodes: object) -> None:
-    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-        raise ValueError(f"episodes={episodes!r} must be an int >= 1 (complete episodes to evaluate)")
+    check_int("episodes", episodes, 1, "complete episodes to evaluate")
 
 
 def _quota(episodes: int, num_envs: int) -> list[int]:

@@ -179,7 +179,7 @@ def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Pa
     """The saved config; where fields that held callables keep it from rebuilding, the config without them,
     unless one of them is the ``policies`` map (its policy classes and configs are not data)."""
     try:
-        return config_from_data(algorithm.config_class, data)  # type: ignore[no-any-return]
+        return config_from_data(algorithm.config_class, data)
     except ValueError as e:
         not_stored = data.get("not_stored") or {}
         custom = [path for path, entry in not_stored.items() if not entry.get("default")]
@@ -187,7 +187,7 @@ def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Pa
             raise ValueError(f"checkpoint {checkpoint}: {e}") from None
         relaxed = {**data, "not_stored": {}, "not_stored_are_defaults": True}
         try:
-            return config_from_data(algorithm.config_class, relaxed)  # type: ignore[no-any-return]
+            return config_from_data(algorithm.config_class, relaxed)
         except (ValueError, TypeError) as again:
             raise ValueError(f"checkpoint {checkpoint}: {again}") from None
 

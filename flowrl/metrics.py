@@ -4,6 +4,11 @@ Every dataflow owns exactly one :class:`MetricsContext`; the iterator a plan ret
 ``it.metrics``. flowrl's operators receive it through ``bind(metrics)`` (see
 :class:`MetricsBinding`); counter and timer names are the constants below.
 
+Not to be confused with :mod:`flowrl.ops.metrics`: this module is the core that records (the context, its
+counters and timers, the key names); :mod:`flowrl.ops.metrics` holds the reporting operators
+(``StandardMetricsReporting``, ``CollectMetrics``, ``ReportGate``) that read this context and turn it into a
+plan's result dicts.
+
 Examples:
     >>> ctx = MetricsContext()
     >>> ctx.counters[STEPS_SAMPLED_COUNTER] += 200

@@ -23,14 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 import gymnasium
 import numpy as np
 
+from flowrl.validation import bounded, check_bounds, check_int
+
 if TYPE_CHECKING:
     from flowrl.envs.multi_agent import MultiAgentEnv
 
 __all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "make_env", "derive_seed", "check_seed"]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def check_seed(seed: object, name: str = "seed") -> int | None:
@@ -68,19 +66,16 @@ class EnvContext:
         >>> EnvContext(worker_index=-1)
         Traceback (most recent call last):
         ...
-        ValueError: EnvContext.worker_index=-1 must be an int >= 0 ...
+        ValueError: worker_index=-1 must be an int >= 0 (0 is the first worker)
     """
 
-    worker_index: int = 0
-    env_index: int = 0
+    worker_index: int = bounded(0, ge=0, meaning="0 is the first worker")
+    env_index: int = bounded(0, ge=0, meaning="0 is the worker's first env")
     seed: int | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("worker_index", "env_index"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"EnvContext.{name}={value!r} must be an int >= 0 (0 is the first worker / env)")
+        check_bounds(self)
         check_seed(self.seed, "EnvContext.seed")
         if not isinstance(self.config, Mapping):
             raise TypeError(f"EnvContext.config={self.config!r} must be a mapping of env keyword arguments; "
@@ -279,9 +274,8 @@ def derive_seed(seed: int | None, worker_index: int, env_index: int) -> int | No
         True
     """
     checked = check_seed(seed)
-    for name, value in (("worker_index", worker_index), ("env_index", env_index)):
-        if not _is_int(value) or value < 0:
-            raise ValueError(f"derive_seed: {name}={value!r} must be an int >= 0")
+    check_int("derive_seed worker_index", worker_index, 0, "0 is the first worker")
+    check_int("derive_seed env_index", env_index, 0, "0 is the worker's first env")
     if checked is None:
         return None
     seq = np.random.SeedSequence(checked, spawn_key=(int(worker_index), int(env_index)))

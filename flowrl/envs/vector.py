@@ -35,6 +35,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from flowrl.envs._state import MAX_REPLAY_STEPS, EpisodeRecorder, rng_state, set_rng_state
 from flowrl.envs.base import EnvContext, EnvSpec, EpisodeRecord, check_seed, derive_seed, make_env
+from flowrl.validation import check_int
 
 __all__ = ["VectorEnv", "VectorStep", "SupportedSpace", "Backend", "AUTO_NATIVE_MIN_ENVS", "MAX_REPLAY_STEPS"]
 
@@ -395,8 +396,7 @@ class VectorEnv:
 
     def __init__(self, env: EnvSpec, num_envs: int, *, seed: int | None = None, worker_index: int = 0,
                  config: Mapping[str, Any] | None = None, backend: Backend = "auto") -> None:
-        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} must be an int >= 1 (envs stepped together by one worker)")
+        check_int("num_envs", num_envs, 1, "envs stepped together by one worker")
         if backend not in _BACKENDS:
             raise ValueError(f"backend={backend!r} is not one of {_BACKENDS}; use 'auto' unless you measured")
         if config is not None and not isinstance(config, Mapping):

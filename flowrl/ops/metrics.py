@@ -4,6 +4,10 @@
 :class:`ReportGate` opens (enough new steps **and** enough time), then :class:`CollectMetrics` turns the
 workers' finished episodes and the dataflow's metrics context into one result dict.
 
+Not to be confused with :mod:`flowrl.metrics`: that module is the core these operators read (the
+:class:`~flowrl.metrics.MetricsContext` with its counters and timers, and the counter and timer names); this one
+holds only the reporting operators, which decide when a plan reports and build its result dicts.
+
 Examples:
     >>> from flowrl.testing import make_fake_workers
     >>> from flowrl.config import TrainerConfig
@@ -24,18 +28,19 @@ import logging
 import math
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator
-from flowrl.ops._common import check_batch, check_int
+from flowrl.ops._common import check_batch
 from flowrl.sample_batch import DEFAULT_POLICY_ID, AnyBatch
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COUNTER, CUSTOM_METRICS,
                             LAST_REPORT_TIMESTEPS, LEARNER_INFO, LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER,
                             STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
+from flowrl.validation import check_int, check_number
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
@@ -54,13 +59,6 @@ ResultDict = dict[str, Any]
 _CONFIG_DEFAULTS: dict[str, Any] = {"timesteps_per_iteration": 0, "min_iter_time_s": 0,
                                     "metrics_smoothing_episodes": 100, "collect_metrics_timeout": 180,
                                     "keep_per_episode_custom_metrics": False}
-
-
-def _check_number(op: str, name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{op} {name}={value!r} must be a number{' or None' if allow_none else ''}")
 
 
 class OncePerTimestepsElapsed(MetricsBinding):
@@ -86,7 +84,8 @@ class OncePerTimestepsElapsed(MetricsBinding):
     """
 
     def __init__(self, delay_steps: int, by_steps_trained: bool = False) -> None:
-        _check_number("OncePerTimestepsElapsed", "delay_steps", delay_steps)
+        check_number("OncePerTimestepsElapsed delay_steps", delay_steps, meaning="steps between reports; <= 0: every "
+                     "item")
         self.delay_steps, self.by_steps_trained = delay_steps, by_steps_trained
         self.last = 0
 
@@ -137,7 +136,8 @@ class OncePerTimeInterval:
     """
 
     def __init__(self, delay_s: float | None, *, clock: Callable[[], float] = time.monotonic) -> None:
-        _check_number("OncePerTimeInterval", "delay_s", delay_s, allow_none=True)
+        check_number("OncePerTimeInterval delay_s", delay_s, none_ok=True, meaning="seconds between reports; None or "
+                     "<= 0: every item")
         if not callable(clock):
             raise ValueError(f"OncePerTimeInterval clock={clock!r} must be a zero-argument callable returning seconds")
         self.delay_s, self.clock = delay_s, clock
@@ -299,10 +299,7 @@ class CollectMetrics(MetricsBinding):
                  by_steps_trained: bool = False) -> None:
         check_int("CollectMetrics min_history", min_history, 0,
                   "episodes in the smoothing window; config.metrics_smoothing_episodes")
-        _check_number("CollectMetrics", "timeout_seconds", timeout_seconds)
-        if timeout_seconds < 0:
-            raise ValueError(f"CollectMetrics timeout_seconds={timeout_seconds!r} must be >= 0 "
-                             f"(config.collect_metrics_timeout)")
+        check_number("CollectMetrics timeout_seconds", timeout_seconds, ge=0, meaning="config.collect_metrics_timeout")
         self.workers, self.min_history, self.timeout_seconds = workers, min_history, timeout_seconds
         self.keep_per_episode_custom_metrics = keep_per_episode_custom_metrics
         self.selected_workers = None if selected_workers is None else list(selected_workers)
@@ -425,7 +422,8 @@ def StandardMetricsReporting(train_op: LocalIterator[Any], workers: WorkerSet, c
     by_steps_trained, clock=clock)).for_each(CollectMetrics(workers, config.metrics_smoothing_episodes,
     config.collect_metrics_timeout, config.keep_per_episode_custom_metrics, selected_workers,
     by_steps_trained))``. ``train_op``'s values are ignored: one result spans as many dataflow steps as
-    the gate needs. A config lacking one of those attributes gets its default (0, 0, 100, 180, False).
+    the gate needs. ``config`` is a config object, or a mapping with those names as keys (an RLlib 1.x dict
+    config, such as Ray's own execution tests pass); a setting it lacks gets its default (0, 0, 100, 180, False).
 
     Metrics: as :class:`ReportGate` and :class:`CollectMetrics`.
 
@@ -444,6 +442,8 @@ def StandardMetricsReporting(train_op: LocalIterator[Any], workers: WorkerSet, c
         [1.0, 4.0, 7.0]
     """
     def setting(name: str) -> Any:
+        if isinstance(config, Mapping):  # read as attributes, its keys would be missed, and the defaults silently used
+            return config.get(name, _CONFIG_DEFAULTS[name])
         return getattr(config, name, _CONFIG_DEFAULTS[name])
 
     gate = ReportGate(setting("timesteps_per_iteration"), setting("min_iter_time_s"), by_steps_trained, clock=clock)
@@ -563,9 +563,7 @@ class AddReplayShardStats:
         if not callable(getattr(getattr(shard, "stats", None), "remote", None)):
             raise TypeError(f"AddReplayShardStats needs a replay shard actor (stats.remote()), got "
                             f"{type(shard).__name__}; pass one of the plan's replay actors")
-        _check_number("AddReplayShardStats", "timeout_s", timeout_s)
-        if not timeout_s > 0:
-            raise ValueError(f"AddReplayShardStats timeout_s={timeout_s} must be > 0 seconds")
+        check_number("AddReplayShardStats timeout_s", timeout_s, gt=0, meaning="seconds to wait for a shard's stats")
         self.shard, self.key, self.timeout_s = shard, key, timeout_s
         self.stats: dict[str, Any] = {}
         self._pending: Any = None  # the stats request in flight, if any

@@ -457,6 +457,18 @@ def test_a_config_without_reporting_fields_gets_the_defaults() -> None:
     assert [r["timesteps_total"] for r in plan.take(3)] == [10, 20, 30]  # no gate: one report per item
 
 
+def test_a_dict_config_is_read_by_its_keys() -> None:
+    clock = FakeClock()
+    config = {"timesteps_per_iteration": 100, "min_iter_time_s": 2.5, "metrics_smoothing_episodes": 1,
+              "lr": 1e-3}  # an RLlib 1.x dict config: other keys are not the reporter's
+    plan = StandardMetricsReporting(endless().for_each(Step(clock, steps=30, seconds=1.0)),
+                                    StubWorkers(StubWorker([ep(1.0), ep(3.0)])), config, clock=clock)
+    assert repr(plan).endswith(".filter(ReportGate(100 steps, 2.5 s)).for_each(CollectMetrics)]")
+    result = next(plan)
+    assert result["timesteps_total"] == 120 and clock.now == 4.0
+    assert result["episode_reward_mean"] == 3.0  # a window of one episode
+
+
 def test_reporting_ignores_the_train_op_values() -> None:
     plan = StandardMetricsReporting(iter_list(["a", None, 3]), StubWorkers(StubWorker([ep(1.0)])), FakeConfig())
     results = list(plan)
@@ -491,7 +503,7 @@ def test_replay_shard_stats_reject_bad_arguments() -> None:
         AddReplayShardStats(object())
     shard = StatsActor.remote()
     try:
-        with pytest.raises(ValueError, match="timeout_s=0 must be > 0 seconds"):
+        with pytest.raises(ValueError, match=r"timeout_s=0 must be a number > 0 \(seconds"):
             AddReplayShardStats(shard, timeout_s=0)
     finally:
         ray.kill(shard)
