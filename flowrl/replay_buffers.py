@@ -40,9 +40,8 @@ import numpy.typing as npt
 
 from flowrl import runtime  # first: sets Ray's loopback variable before anything imports ray
 from flowrl.iter import ParallelIteratorWorker
-# the private helpers are this module's too: the stores below were split out of it
-from flowrl.replay_storage import (PrioritizedReplayBuffer, ReplayBuffer, SimpleReplayBuffer, _check_batch,
-                                   _check_seed, _restored_rng)
+from flowrl.replay_storage import (PrioritizedReplayBuffer, ReplayBuffer, SimpleReplayBuffer, check_batch_arg,
+                                   check_seed, restored_rng)
 from flowrl.sample_batch import EPS_ID, PRIORITIES, T, AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.sample_batch import BATCH_INDEXES, DEFAULT_POLICY_ID, OBS, REWARDS  # noqa: F401  (the examples use them)
 from flowrl.segment_tree import FloatArray, MinSegmentTree, SegmentTree, SumSegmentTree
@@ -173,7 +172,7 @@ class LocalReplayBuffer:
         self.replay_sequence_length = int(replay_sequence_length)
         self.learning_starts = learning_starts // self.num_shards
         self.capacity = capacity // self.num_shards
-        self._rng = np.random.default_rng(_check_seed(seed))
+        self._rng = np.random.default_rng(check_seed(seed))
         self.num_added = 0
         self.replay_buffers: dict[str, ReplayBuffer[SampleBatch]] = {}
         self.lockstep_buffer: ReplayBuffer[MultiAgentBatch] | None = None
@@ -252,7 +251,7 @@ class LocalReplayBuffer:
                 its policies cannot be aligned by env step).
         """
         start = time.perf_counter()
-        _check_batch("LocalReplayBuffer.add_batch()", batch)
+        check_batch_arg("LocalReplayBuffer.add_batch()", batch)
         multi = batch.copy().as_multi_agent()
         length = self.replay_sequence_length
         if self.replay_mode == "lockstep":
@@ -413,7 +412,7 @@ class LocalReplayBuffer:
                     buffer.set_state(buffer_state)
                     buffers[str(policy_id)] = buffer
             num_added = int(state["num_added"])
-            rng = _restored_rng(state["rng"])
+            rng = restored_rng(state["rng"])
         except (KeyError, TypeError, IndexError, AttributeError) as error:
             raise ValueError(f"malformed LocalReplayBuffer state ({type(error).__name__}: {error}); pass the "
                              f"unchanged output of get_state()") from error

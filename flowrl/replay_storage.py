@@ -35,15 +35,15 @@ __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "SimpleReplayBuffer"]
 BatchT = TypeVar("BatchT", SampleBatch, MultiAgentBatch)
 
 
-# Argument checks shared with flowrl.replay_buffers: each names the argument, the value and its meaning.
-def _check_seed(seed: Any) -> int | None:
+# Helpers shared with flowrl.replay_buffers (outside __all__). Argument checks name the argument, value and meaning.
+def check_seed(seed: Any) -> int | None:
     if seed is None:
         return None
     check_int("seed", seed, 0, "seeds the buffer's numpy generator; None: fresh entropy")
     return int(seed)
 
 
-def _check_batch(where: str, batch: Any) -> None:
+def check_batch_arg(where: str, batch: Any) -> None:
     if not isinstance(batch, (SampleBatch, MultiAgentBatch)):
         raise ValueError(f"{where} takes a SampleBatch or MultiAgentBatch, got {type(batch).__name__}")
 
@@ -165,7 +165,8 @@ def _num_items(state: Mapping[str, Any]) -> int:
     return int(np.asarray(state["batches"]["layout_of"]).size)
 
 
-def _restored_rng(state: Mapping[str, Any]) -> np.random.Generator:
+def restored_rng(state: Mapping[str, Any]) -> np.random.Generator:
+    """A generator in the ``bit_generator.state`` that ``state`` holds (a PCG64 state)."""
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = dict(state)  # raises ValueError on a state of another kind
     return rng
@@ -209,7 +210,7 @@ class ReplayBuffer(Generic[BatchT]):
     def __init__(self, capacity: int, seed: int | None = None) -> None:
         check_int("capacity", capacity, 1, "timesteps held before the write index wraps")
         self.capacity = int(capacity)
-        self._rng = np.random.default_rng(_check_seed(seed))
+        self._rng = np.random.default_rng(check_seed(seed))
         self._storage: list[BatchT] = []
         self._next_idx = 0
         self._timesteps_since_wrap = 0
@@ -227,7 +228,7 @@ class ReplayBuffer(Generic[BatchT]):
 
     def _check_item(self, item: BatchT) -> None:
         where = f"{type(self).__name__}.add()"
-        _check_batch(where, item)
+        check_batch_arg(where, item)
         if item.count < 1:
             raise ValueError(f"{where} got an item with {item.count} timesteps; items need at least one "
                              f"(drop empty batches before storing)")
@@ -319,7 +320,7 @@ class ReplayBuffer(Generic[BatchT]):
                                                      "num_timesteps_added", "num_sampled", "num_evicted")}
         if any(v < 0 for v in counters.values()) or counters["next_idx"] > len(items):
             raise ValueError(f"replay buffer state has inconsistent counters {counters} for {len(items)} items")
-        rng = _restored_rng(state["rng"])
+        rng = restored_rng(state["rng"])
         # BatchT is not known at run time; _decode_items gives items of one kind, as add() keeps them.
         self._storage = items  # type: ignore[assignment]
         self._next_idx, self._timesteps_since_wrap = counters["next_idx"], counters["timesteps_since_wrap"]
@@ -561,7 +562,7 @@ class SimpleReplayBuffer:
     def __init__(self, num_slots: int, seed: int | None = None) -> None:
         check_int("num_slots", num_slots, 0, "batches held; 0 stores nothing")
         self.num_slots = int(num_slots)
-        self._rng = np.random.default_rng(_check_seed(seed))
+        self._rng = np.random.default_rng(check_seed(seed))
         self._slots: list[AnyBatch] = []
         self._next_idx = 0
 
@@ -578,7 +579,7 @@ class SimpleReplayBuffer:
         Raises:
             ValueError: ``batch`` is not a SampleBatch or MultiAgentBatch.
         """
-        _check_batch("SimpleReplayBuffer.add_batch()", batch)
+        check_batch_arg("SimpleReplayBuffer.add_batch()", batch)
         if self.num_slots == 0:
             return
         if len(self._slots) < self.num_slots:

@@ -14,7 +14,7 @@ from flowrl.validation import check_int
 if TYPE_CHECKING:
     from flowrl.workers import WorkerSet
 
-__all__ = ["check_batch", "check_int", "record_staleness", "staleness_info", "LearnerInfo", "global_vars",
+__all__ = ["check_batch", "check_int", "record_staleness", "staleness_info", "LearnerInfo", "weight_update_vars",
            "check_workers", "resolve_policies", "tree_mean", "check_learner_thread"]
 
 
@@ -53,7 +53,7 @@ def staleness_info(staleness: Summary) -> dict[str, Any]:
 LearnerInfo = dict[str, dict[str, Any]]  # policy id -> that policy's learner info
 
 
-def global_vars(metrics: MetricsContext) -> dict[str, int]:
+def weight_update_vars(metrics: MetricsContext) -> dict[str, int]:
     """What every weight update carries."""
     return {"timestep": metrics.counters[STEPS_SAMPLED_COUNTER]}
 

@@ -8,14 +8,10 @@ A plan feeds a thread with ``Enqueue(learner.inqueue)`` and reads it with ``Dequ
 check=learner.is_alive)`` (:mod:`flowrl.ops.concurrency`, which re-exports these classes).
 
 Examples:
-    >>> from flowrl.testing import FakeConfig, FakeWorker, fake_batch
-    >>> learner = LearnerThread(FakeWorker(config=FakeConfig()))
-    >>> learner.start()
-    >>> learner.inqueue.put(fake_batch(4))
-    >>> learner.outqueue.get(timeout=10)[:2]
-    (4, 4)
-    >>> learner.stop(); learner.join(timeout=10); learner.is_alive()
-    False
+    >>> from flowrl.testing import FakeConfig, FakeWorker
+    >>> learner = LearnerThread(FakeWorker(config=FakeConfig()), learner_queue_size=4)  # not started yet
+    >>> learner.inqueue.maxsize, learner.is_alive(), learner.add_learner_metrics({})["info"]["learner_queue"]
+    (4, False, {'size_count': 0, 'size_mean': 0.0, 'size_std': 0.0, 'size_quantiles': []})
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, LAST_TARGET_UPDATE_TS, LEARNER_INFO, NUM_LEARNER_UPDATES,
                             NUM_TARGET_UPDATES, NUM_WEIGHT_BROADCASTS, NUM_WEIGHT_SYNCS, STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER, MetricsBinding)
-from flowrl.ops._common import (LearnerInfo, check_batch, check_learner_thread, check_workers, global_vars)
+from flowrl.ops._common import LearnerInfo, check_batch, check_learner_thread, check_workers, weight_update_vars
 from flowrl.ops.train_step import UpdateKL
 from flowrl.sample_batch import AnyBatch
 from flowrl.validation import check_int
@@ -79,7 +79,7 @@ class UpdateWorkerWeights(MetricsBinding):
             with self.learner_thread.weights_lock:
                 self.learner_thread.weights_updated = False
                 self.weights_ref = self.workers.put_weights()
-        self.workers.send_weights(self.weights_ref, to=[actor], global_vars=global_vars(self.metrics))
+        self.workers.send_weights(self.weights_ref, to=[actor], global_vars=weight_update_vars(self.metrics))
         self.steps_since_update[actor] = 0
         self.metrics.counters[NUM_WEIGHT_SYNCS] += 1
         return item
@@ -140,12 +140,12 @@ class BroadcastUpdateLearnerWeights(MetricsBinding):
             self.metrics.counters[NUM_WEIGHT_BROADCASTS] += 1
         elif self.weights_ref is None:
             self._put()
-        global_vars = global_vars(self.metrics)
+        global_vars = weight_update_vars(self.metrics)
         if self.held.get(actor) is not self.weights_ref:
             self.workers.send_weights(self.weights_ref, to=[actor], global_vars=global_vars)
             self.held[actor] = self.weights_ref
         else:
-            self.workers.local_worker().setglobal_vars(global_vars)
+            self.workers.local_worker().set_global_vars(global_vars)
         return batch
 
     def __repr__(self) -> str:

@@ -35,8 +35,8 @@ from flowrl.metrics import (APPLY_GRADS_TIMER, COMPUTE_GRADS_TIMER, LAST_TARGET_
                             STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER, WORKER_UPDATE_TIMER,
                             MetricsBinding)
 from flowrl.metrics import MetricsContext  # noqa: F401  (the examples use it)
-from flowrl.ops._common import (check_batch, check_learner_thread, check_workers, global_vars, resolve_policies,
-                                tree_mean)
+from flowrl.ops._common import (check_batch, check_learner_thread, check_workers, resolve_policies, tree_mean,
+                                weight_update_vars)
 from flowrl.ops.learner_sync import (BroadcastUpdateLearnerWeights, RecordLearnerOutput, UpdateTargetAndKL,
                                      UpdateWorkerWeights)
 from flowrl.ops.train_step import (BroadcastWeights, LearnOnBatch, MultiGPUTrainOneStep, TrainOneStep, UpdateKL,
@@ -124,13 +124,13 @@ class ApplyGradients(MetricsBinding):
                              f"use update_all=True")
         self.metrics.counters[STEPS_TRAINED_COUNTER] += int(count)
         self.metrics.counters[STEPS_TRAINED_THIS_ITER_COUNTER] += int(count)
-        global_vars = global_vars(self.metrics)
+        global_vars = weight_update_vars(self.metrics)
         local = self.workers.local_worker()
         recipients = self.workers.remote_workers() if self.update_all else [actor]
         with self.metrics.timers[APPLY_GRADS_TIMER] as timer:
             local.apply_gradients(grads)
             if not recipients:  # otherwise send_weights sets the local global vars
-                local.setglobal_vars(global_vars)
+                local.set_global_vars(global_vars)
             timer.push_units_processed(int(count))
         if recipients:
             with self.metrics.timers[WORKER_UPDATE_TIMER]:

@@ -28,8 +28,8 @@ import torch
 from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, LEARN_ON_BATCH_TIMER, LEARNER_INFO, LEARNER_STATS_KEY,
                             LOAD_BATCH_TIMER, STEPS_TRAINED_COUNTER, STEPS_TRAINED_THIS_ITER_COUNTER,
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
-from flowrl.ops._common import (LearnerInfo, check_batch, check_workers, global_vars, record_staleness,
-                                resolve_policies, staleness_info, tree_mean)
+from flowrl.ops._common import (LearnerInfo, check_batch, check_workers, record_staleness, resolve_policies,
+                                staleness_info, tree_mean, weight_update_vars)
 from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy
 from flowrl.profiling import Summary
 from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
@@ -179,12 +179,12 @@ class BroadcastWeights(MetricsBinding):
         self.policies = resolve_policies(workers, policies, type(self).__name__, trained=False)
 
     def __call__(self, item: Any) -> Any:
-        global_vars = global_vars(self.metrics)
+        global_vars = weight_update_vars(self.metrics)
         if self.workers.remote_workers():
             with self.metrics.timers[WORKER_UPDATE_TIMER]:
                 self.workers.send_weights(self.workers.put_weights(self.policies), global_vars=global_vars)
         else:
-            self.workers.local_worker().setglobal_vars(global_vars)
+            self.workers.local_worker().set_global_vars(global_vars)
         return item
 
     def __repr__(self) -> str:
