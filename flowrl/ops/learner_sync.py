@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, LAST_TARGET_UPDATE_TS, LEARNER_INFO, NUM_LEARNER_UPDATES,
                             NUM_TARGET_UPDATES, NUM_WEIGHT_BROADCASTS, NUM_WEIGHT_SYNCS, STEPS_TRAINED_COUNTER,
                             STEPS_TRAINED_THIS_ITER_COUNTER, TARGET_NET_UPDATE_TIMER, MetricsBinding)
+from flowrl.metrics import MetricsContext  # noqa: F401  (the examples use it)
 from flowrl.ops._common import LearnerInfo, check_batch, check_learner_thread, check_workers, weight_update_vars
 from flowrl.ops.train_step import UpdateKL
 from flowrl.sample_batch import AnyBatch
