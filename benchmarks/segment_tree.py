@@ -10,8 +10,9 @@ Both trees hold the same leaves: ``2**20`` of them, every 97th set to a random v
 - the batched paths of the prioritized buffer, which the reference does one item at a time: ``set_many`` of
   64 and 1,024 leaves (priority updates) and ``find_prefixsum_idxes`` of 512 masses (one sample's draws).
 
-Each round times flowrl and the reference back to back, alternating which goes first; the table shows medians
-over ``--repeats`` rounds and the ratio flowrl / reference (below 1: flowrl is faster). JSON goes to ``--out``
+Each round times flowrl and the reference back to back, alternating which goes first, in CPU seconds of this
+process (``time.process_time``: other processes on a busy machine count less than in wall time); the table shows
+medians over ``--repeats`` rounds and the ratio flowrl / reference (below 1: flowrl is faster). JSON goes to ``--out``
 (default ``benchmarks/results/segment_tree.json``), with the load average before and after.
 
 Run: ``python benchmarks/segment_tree.py [--quick] [--repeats 7]`` (``--quick``: 3 rounds, a few seconds).
@@ -151,9 +152,10 @@ def cases(trees: dict[str, Any], rng: np.random.Generator) -> dict[str, tuple[Ca
 
 
 def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+    """CPU seconds of ``fn()``: this process's own time, so other processes on a busy machine count less."""
+    start = time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def main() -> None:
@@ -175,9 +177,9 @@ def main() -> None:
             for side, fn in order if rnd % 2 == 0 else order[::-1]:
                 times[name][side].append(timed(fn))
     rows: list[dict[str, Any]] = []
-    print(f"\n{CAPACITY:,}-leaf trees; medians of {repeats} rounds (seconds); load average before "
+    print(f"\n{CAPACITY:,}-leaf trees; medians of {repeats} rounds (CPU seconds); load average before "
           f"{load_before[0]:.2f}\n")
-    print("| operation | flowrl s | reference s | flowrl / reference |")
+    print("| operation | flowrl CPU s | reference CPU s | flowrl / reference |")
     print("|---|---:|---:|---:|")
     for name, sides in times.items():
         flowrl_s, ref_s = statistics.median(sides["flowrl"]), statistics.median(sides["reference"])

@@ -255,12 +255,25 @@ class SumSegmentTree(SegmentTree):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity, np.add, 0.0)
 
+    def __setitem__(self, idx: int, val: float) -> None:
+        """Sets leaf ``idx`` to ``val`` and recomputes its ancestors (:meth:`SegmentTree.__setitem__` with the
+        addition written out: the hottest write of prioritized replay)."""
+        node, view = self._node(idx), self._view
+        view[node] = val = float(val)
+        while node > 1:
+            if node & 1:
+                val = view[node - 1] + val  # left + right, in that order, as np.add on the two children
+            else:
+                val += view[node + 1]
+            node >>= 1
+            view[node] = val
+
     def sum(self, start: int = 0, end: int | None = None) -> float:
         """The sum of the leaves ``[start, end)`` (see :meth:`SegmentTree.reduce`)."""
         return self.reduce(start, end)
 
     def _check_prefixsum(self, prefixsum: Any) -> None:
-        total = float(self._value[1])
+        total: float = self._view[1]
         if not 0 <= prefixsum <= total + 1e-5:  # also rejects NaN
             raise ValueError(f"prefixsum={prefixsum!r} is out of range; it must satisfy "
                              f"0 <= prefixsum <= sum() + 1e-5 = {total} + 1e-5")
