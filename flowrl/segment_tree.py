@@ -9,7 +9,8 @@ The tree is one numpy array (``value``), so batched writes (:meth:`SegmentTree.s
 range reduction and a single descent walk the same array through a ``memoryview``, whose items are plain
 Python floats: each step costs what a step over a Python list costs, several times less than a numpy scalar
 operation. Both ways give the same bits: a node is always ``operation(left child, right child)``, and the
-scalar form of each operation is IEEE-identical to the array one.
+scalar form of each operation is IEEE-identical to the array one (only the payload of a NaN that adds two NaNs
+may differ).
 
 Examples:
     >>> tree = SumSegmentTree(8)

@@ -190,7 +190,11 @@ def test_scalar_operations_are_the_ufuncs_bit_for_bit(a: float, b: float) -> Non
                           (np.maximum, segment_tree._maximum)):
         assert segment_tree._SCALAR_OPERATIONS[ufunc] is scalar
         with np.errstate(invalid="ignore"):  # inf + -inf
-            assert np.float64(scalar(a, b)).tobytes() == ufunc(np.float64(a), np.float64(b)).tobytes()
+            got, want = np.float64(scalar(a, b)), ufunc(np.float64(a), np.float64(b))
+        if ufunc is np.add and math.isnan(a) and math.isnan(b):  # which NaN's payload survives may differ
+            assert math.isnan(got)
+        else:
+            assert got.tobytes() == want.tobytes()
 
 
 def test_trees_copy_and_pickle_with_their_own_memory() -> None:
