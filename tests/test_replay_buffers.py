@@ -1,9 +1,12 @@
 """Replay buffers: segment trees, uniform and prioritized buffers,
-the multi-agent LocalReplayBuffer and its ReplayActor shard."""
+the multi-agent LocalReplayBuffer and its ReplayShard actor."""
 
 from __future__ import annotations
 
+import copy
 import math
+import operator
+import pickle
 from typing import Any
 
 import numpy as np
@@ -12,10 +15,12 @@ import ray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import flowrl.replay_buffers as replay_buffers
+from flowrl import segment_tree
 from flowrl.iter import from_actors
 from flowrl.replay_buffers import (ALL_POLICIES, LocalReplayBuffer, MinSegmentTree, PrioritizedReplayBuffer,
-                                   ReplayBuffer, SegmentTree, SimpleReplayBuffer, SumSegmentTree,
-                                   make_replay_actors)
+                                   ReplayBuffer, ReplayShard, SegmentTree, SimpleReplayBuffer, SumSegmentTree,
+                                   make_replay_shards)
 from flowrl.sample_batch import (BATCH_INDEXES, DEFAULT_POLICY_ID, EPS_ID, OBS, PRIORITIES, REWARDS, T, WEIGHTS,
                                  MultiAgentBatch, SampleBatch)
 
@@ -140,6 +145,64 @@ def test_set_many_equals_setting_leaves_one_by_one(num_writes: int) -> None:
         rebuilt.value[64:] = single.value[64:]
         rebuilt._rebuild()
         assert np.array_equal(rebuilt.value, single.value)
+
+
+# Float leaves: single writes (the memoryview walk) must leave exactly the array that a rebuild from the leaves
+# (the vectorised numpy path) gives, and reductions must match a brute force over the leaves.
+float_writes = st.integers(0, 6).flatmap(lambda log: st.tuples(
+    st.just(1 << log),
+    st.lists(st.tuples(st.integers(0, (1 << log) - 1), st.floats(-1e6, 1e6, allow_nan=False)), min_size=1,
+             max_size=40),
+    st.lists(st.tuples(st.integers(0, 1 << log), st.integers(0, 1 << log)), min_size=1, max_size=10)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=float_writes)
+def test_single_writes_of_floats_match_a_rebuild_and_brute_force(case: tuple[int, list[tuple[int, float]],
+                                                                            list[tuple[int, int]]]) -> None:
+    capacity, writes, ranges = case
+    for make in (SumSegmentTree, MinSegmentTree, lambda n: SegmentTree(n, np.maximum, -math.inf)):
+        tree = make(capacity)
+        for idx, v in writes:
+            tree[idx] = v
+        rebuilt = make(capacity)
+        rebuilt.value[capacity:] = tree.value[capacity:]
+        rebuilt._rebuild()
+        assert tree.value.tobytes() == rebuilt.value.tobytes()
+        leaves = tree.value[capacity:].tolist()
+        for a, b in ranges:
+            start, end = min(a, b), max(a, b)
+            got = tree.reduce(start, end)
+            if isinstance(tree, SumSegmentTree):
+                assert got == pytest.approx(math.fsum(leaves[start:end]), rel=1e-9, abs=1e-6)
+            elif isinstance(tree, MinSegmentTree):
+                assert got == min(leaves[start:end], default=math.inf)
+            else:
+                assert got == max(leaves[start:end], default=-math.inf)
+
+
+special = st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0])
+
+
+@given(a=st.floats() | special, b=st.floats() | special)
+def test_scalar_operations_are_the_ufuncs_bit_for_bit(a: float, b: float) -> None:
+    for ufunc, scalar in ((np.add, operator.add), (np.minimum, segment_tree._minimum),
+                          (np.maximum, segment_tree._maximum)):
+        assert segment_tree._SCALAR_OPERATIONS[ufunc] is scalar
+        with np.errstate(invalid="ignore"):  # inf + -inf
+            got, want = np.float64(scalar(a, b)), ufunc(np.float64(a), np.float64(b))
+        if ufunc is np.add and math.isnan(a) and math.isnan(b):  # which NaN's payload survives may differ
+            assert math.isnan(got)
+        else:
+            assert got.tobytes() == want.tobytes()
+
+
+def test_trees_copy_and_pickle_with_their_own_memory() -> None:
+    tree = SumSegmentTree(4)
+    tree.set_many([0, 1], [1.0, 2.0])
+    for twin in (copy.deepcopy(tree), pickle.loads(pickle.dumps(tree))):
+        twin[2] = 4.0  # a scalar write through the twin's own view
+        assert (twin.sum(), twin.value[1], tree.sum(), tree[2]) == (7.0, 7.0, 3.0, 0.0)
 
 
 def test_generic_segment_tree_with_custom_operation() -> None:
@@ -661,20 +724,29 @@ def assert_state_equal(a: Any, b: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ReplayActor (one actor for the whole file; the doctest of make_replay_actors starts another).
+# ReplayShard (one actor for the whole file; the doctest of make_replay_shards starts another).
 
-def test_replay_actor_serves_replays_as_a_shard() -> None:
-    with pytest.raises(ValueError, match="num_shards"):
-        make_replay_actors(1, num_shards=2)
+def test_the_old_replay_actor_names_still_import_as_aliases_outside_all() -> None:
+    from flowrl.replay_buffers import ReplayActor, make_replay_actors
+
+    assert ReplayActor is ReplayShard and make_replay_actors is make_replay_shards
+    assert "ReplayActor" not in replay_buffers.__all__ and "make_replay_actors" not in replay_buffers.__all__
+    for name in replay_buffers.__all__:  # everything listed, including what moved to other modules
+        assert getattr(replay_buffers, name) is not None
+
+
+def test_replay_shard_serves_replays() -> None:
+    with pytest.raises(ValueError, match="drop num_shards=2"):
+        make_replay_shards(1, num_shards=2)
     with pytest.raises(ValueError, match="capacity"):
-        make_replay_actors(4, capacity=3)  # checked in the driver, before any actor starts
-    with pytest.raises(ValueError, match="num_actors"):
-        make_replay_actors(0)
+        make_replay_shards(4, capacity=3)  # checked in the driver, before any actor starts
+    with pytest.raises(ValueError, match=r"num_shards=0 must be an int >= 1 \(replay shard actors to start\)"):
+        make_replay_shards(0)
 
     with pytest.raises(ValueError, match="colocated_with_driver"):
-        make_replay_actors(1, colocated_with_driver="yes")  # type: ignore[arg-type]
+        make_replay_shards(1, colocated_with_driver="yes")  # type: ignore[arg-type]
 
-    [actor] = make_replay_actors(1, colocated_with_driver=True, learning_starts=150, capacity=1000,
+    [actor] = make_replay_shards(1, colocated_with_driver=True, learning_starts=150, capacity=1000,
                                  replay_batch_size=8, seed=0)  # pinned to the driver's node (the doctest: free)
     pong: Any = ray.get(actor.ping.remote())  # Ray's stubs type this as a list
     assert pong == "ok"

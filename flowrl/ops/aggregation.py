@@ -123,7 +123,7 @@ class Aggregator(ParallelIteratorWorker):
         >>> Aggregator(from_actors([]), train_batch_size=10, replay_proportion=0.5)
         Traceback (most recent call last):
         ...
-        ValueError: MixInReplay replay_proportion=0.5 needs stored batches, but num_slots=0 stores nothing; raise num_slots or set replay_proportion=0
+        ValueError: MixInReplay replay_proportion=0.5 needs stored batches, but num_slots=0 stores nothing; ...
     """
 
     def __init__(self, group: ParallelIterator[AnyBatch], *, train_batch_size: int,

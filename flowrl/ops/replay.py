@@ -2,8 +2,8 @@
 
 Writing to replay (:class:`StoreToReplayBuffer`) and reading from it (:func:`Replay`) are separate
 pieces. Both take either a buffer in this process (``local_buffer=``, e.g. a
-:class:`~flowrl.replay_buffers.LocalReplayBuffer`) or replay shard actors (``actors=``, made by
-:func:`~flowrl.replay_buffers.make_replay_actors`), never both. An empty replay says "nothing yet"
+:class:`~flowrl.replay_buffers.LocalReplayBuffer`) or replay shards (``actors=``, the shard actors made by
+:func:`~flowrl.replay_buffers.make_replay_shards`), never both. An empty replay says "nothing yet"
 through the iterator core's public mechanisms: a local ``Replay`` is a ``from_poll`` source, and the
 shards' ``None`` answers go through ``none_as_not_ready()``. So a DQN-shaped round robin keeps storing
 until the buffer reaches ``learning_starts``.
@@ -22,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Mapping, Sequence
 
@@ -33,25 +34,27 @@ from flowrl.metrics import LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER, MetricsBind
 from flowrl.ops._common import check_batch, check_int
 from flowrl.replay_buffers import SimpleReplayBuffer
 from flowrl.sample_batch import BATCH_INDEXES, TD_ERROR, AnyBatch, SampleBatch
+from flowrl.validation import check_number
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
-__all__ = ["StoreToReplayBuffer", "Replay", "UpdatePriorities", "MixInReplay", "WaitUntilTimestepsElapsed", "UpdateReplayShardPriorities"]
+__all__ = ["StoreToReplayBuffer", "Replay", "UpdatePriorities", "MixInReplay", "WaitUntilTimestepsElapsed",
+           "UpdateReplayShardPriorities"]
 
 
 def _one_source(op: str, local_buffer: Any, actors: Sequence[Any] | None) -> list[Any] | None:
-    """Checks the exactly-one-of rule (``is not None``, never truthiness); returns the actors as a list."""
+    """Checks the exactly-one-of rule (``is not None``, never truthiness); returns the shards as a list."""
     if (local_buffer is None) == (actors is None):
         given = "both" if local_buffer is not None else "neither"
         raise ValueError(f"{op} got {given} of local_buffer= and actors=; pass exactly one: local_buffer= for a "
-                         f"buffer in this process, or actors= for replay shard actors")
+                         f"buffer in this process, or actors= for replay shards")
     if actors is None:
         return None
     if isinstance(actors, (str, bytes)) or not isinstance(actors, Sequence):
-        raise ValueError(f"{op} actors={actors!r} must be a list of replay actor handles "
-                         f"(see flowrl.replay_buffers.make_replay_actors)")
+        raise ValueError(f"{op} actors={actors!r} must be a list of replay shard handles "
+                         f"(see flowrl.replay_buffers.make_replay_shards)")
     if len(actors) == 0:
-        raise ValueError(f"{op} got actors=[]; pass at least one replay actor, or use local_buffer=")
+        raise ValueError(f"{op} got actors=[]; pass at least one replay shard, or use local_buffer=")
     return list(actors)
 
 
@@ -59,12 +62,12 @@ _BUFFER_FIX = "pass a replay buffer such as flowrl.replay_buffers.LocalReplayBuf
 
 
 class StoreToReplayBuffer:
-    """Consumes batches; stores each in a local buffer or in one of the replay actors; emits it unchanged.
+    """Consumes batches; stores each in a local buffer or in one of the replay shards; emits it unchanged.
 
     Use with ``.for_each()``. With ``local_buffer`` it calls ``local_buffer.add_batch(batch)`` at once.
     With ``actors`` it first reaps finished ``add_batch`` calls without blocking (their errors surface
-    here), then submits ``add_batch.remote(batch)`` to an actor chosen uniformly at random among those
-    with fewer than ``max_outstanding_adds`` unacknowledged calls. If every actor is at the limit it
+    here), then submits ``add_batch.remote(batch)`` to a shard chosen uniformly at random among those
+    with fewer than ``max_outstanding_adds`` unacknowledged calls. If every shard is at the limit it
     raises :class:`~flowrl.iter.RetryLater`: the core offers the same batch again later, so nothing is
     lost and nothing is stored twice, and the stream is throttled to what the shards can absorb.
 
@@ -72,8 +75,8 @@ class StoreToReplayBuffer:
 
     Args:
         local_buffer: a buffer with ``add_batch`` in this process; exclusive with ``actors``.
-        actors: replay actor handles (non-empty); exclusive with ``local_buffer``.
-        max_outstanding_adds: unacknowledged ``add_batch`` calls allowed per actor; >= 1.
+        actors: replay shard handles (non-empty); exclusive with ``local_buffer``.
+        max_outstanding_adds: unacknowledged ``add_batch`` calls allowed per shard; >= 1.
 
     Raises:
         ValueError: both or neither of ``local_buffer`` and ``actors``, an empty ``actors``, a buffer
@@ -96,7 +99,7 @@ class StoreToReplayBuffer:
         if self.actors is None:
             check_conforms(local_buffer, ReplayWriter, "StoreToReplayBuffer local_buffer", _BUFFER_FIX)
         check_int("StoreToReplayBuffer max_outstanding_adds", max_outstanding_adds, 1,
-                  "unacknowledged add_batch calls per replay actor")
+                  "unacknowledged add_batch calls per replay shard")
         self.local_buffer = local_buffer
         self.max_outstanding_adds = max_outstanding_adds
         self._outstanding: list[list[Any]] = [[] for _ in self.actors or ()]
@@ -107,11 +110,11 @@ class StoreToReplayBuffer:
             f"StoreToReplayBuffer(actors={len(self.actors)})"
 
     def num_outstanding(self) -> list[int]:
-        """Per actor, the ``add_batch`` calls submitted and not yet reaped (empty for a local buffer)."""
+        """Per shard, the ``add_batch`` calls submitted and not yet reaped (empty for a local buffer)."""
         return [len(refs) for refs in self._outstanding]
 
     def flush(self) -> None:
-        """Waits until every submitted ``add_batch`` has finished (before a checkpoint of the replay actors,
+        """Waits until every submitted ``add_batch`` has finished (before a checkpoint of the replay shards,
         say); a failed add raises here. Does nothing for a local buffer."""
         refs = [ref for per_actor in self._outstanding for ref in per_actor]
         self._outstanding = [[] for _ in self._outstanding]
@@ -144,7 +147,7 @@ class StoreToReplayBuffer:
 
 def Replay(*, local_buffer: Any = None, actors: Sequence[Any] | None = None,
            num_async: int = 4) -> LocalIterator[AnyBatch]:
-    """The replay source: training batches from a local buffer or from replay shard actors.
+    """The replay source: training batches from a local buffer or from replay shards.
 
     With ``local_buffer`` it is a ``from_poll`` source over ``local_buffer.replay()``, whose ``None``
     (before ``learning_starts``) means "not ready"; ``current_actor`` is ``None``. With ``actors`` it is
@@ -157,7 +160,7 @@ def Replay(*, local_buffer: Any = None, actors: Sequence[Any] | None = None,
 
     Args:
         local_buffer: a buffer with ``replay()`` in this process; exclusive with ``actors``.
-        actors: replay shard actors (non-empty); exclusive with ``local_buffer``.
+        actors: replay shard handles (non-empty); exclusive with ``local_buffer``.
         num_async: replay requests in flight per shard (``actors`` only); >= 1.
 
     Raises:
@@ -288,10 +291,8 @@ class MixInReplay:
     """
 
     def __init__(self, num_slots: int, replay_proportion: float, *, seed: int | None = None) -> None:
-        if isinstance(replay_proportion, bool) or not isinstance(replay_proportion, (int, float)) or \
-                not np.isfinite(replay_proportion) or replay_proportion < 0:
-            raise ValueError(f"MixInReplay replay_proportion={replay_proportion!r} must be a finite number >= 0 "
-                             f"(expected replays per input batch)")
+        check_number("MixInReplay replay_proportion", replay_proportion, ge=0, lt=math.inf,
+                     meaning="expected replays per input batch")
         if replay_proportion > 0 and num_slots == 0:
             raise ValueError(f"MixInReplay replay_proportion={replay_proportion} needs stored batches, but "
                              f"num_slots=0 stores nothing; raise num_slots or set replay_proportion=0")
@@ -332,8 +333,7 @@ class WaitUntilTimestepsElapsed(MetricsBinding):
     """
 
     def __init__(self, target: int) -> None:
-        if isinstance(target, bool) or not isinstance(target, (int, float)):
-            raise ValueError(f"WaitUntilTimestepsElapsed target={target!r} must be a number of sampled steps")
+        check_number("WaitUntilTimestepsElapsed target", target, meaning="sampled steps")
         self.target = target
 
     def __repr__(self) -> str:
@@ -364,10 +364,10 @@ class UpdateReplayShardPriorities:
         ValueError: on a call, an item that is not a 4-tuple from an Ape-X learner thread.
 
     Examples:
-        >>> from flowrl.replay_buffers import make_replay_actors
+        >>> from flowrl.replay_buffers import make_replay_shards
         >>> from flowrl.testing import fake_batch
         >>> import types
-        >>> [shard] = make_replay_actors(1, learning_starts=0, capacity=10, replay_batch_size=2, seed=0)
+        >>> [shard] = make_replay_shards(1, learning_starts=0, capacity=10, replay_batch_size=2, seed=0)
         >>> ray.get(shard.add_batch.remote(fake_batch(4)))
         >>> learner = types.SimpleNamespace(learner_info={"default_policy": {}})
         >>> op = UpdateReplayShardPriorities(learner)

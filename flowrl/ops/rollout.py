@@ -24,7 +24,7 @@ import numpy as np
 from flowrl.iter import LocalIterator, from_actors, get_shard_worker
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, GRAD_WAIT_TIMER, LEARNER_INFO, SAMPLE_TIMER,
                             STEPS_SAMPLED_COUNTER, MetricsBinding)
-from flowrl.ops._common import check_batch
+from flowrl.ops._common import check_batch, check_int
 from flowrl.sample_batch import DEFAULT_POLICY_ID, AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.workers import WorkerSet
 
@@ -94,9 +94,7 @@ def ParallelRollouts(workers: WorkerSet, *, mode: Literal["bulk_sync", "async", 
     """
     if mode not in _MODES:
         raise ValueError(f"ParallelRollouts mode={mode!r}; use one of {list(_MODES)}")
-    if not isinstance(num_async, int) or num_async < 1:
-        raise ValueError(f"ParallelRollouts num_async={num_async!r} must be an int >= 1 (sample requests in "
-                         f"flight per worker)")
+    check_int("ParallelRollouts num_async", num_async, 1, "sample requests in flight per worker")
     remote = workers.remote_workers()
     if mode == "raw":
         if not remote:
@@ -188,9 +186,7 @@ class ConcatBatches(MetricsBinding):
 
     def __init__(self, min_batch_size: int,
                  count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps") -> None:
-        if not isinstance(min_batch_size, int) or min_batch_size < 1:
-            raise ValueError(f"ConcatBatches min_batch_size={min_batch_size!r} must be an int >= 1 (the train "
-                             f"batch size in steps)")
+        check_int("ConcatBatches min_batch_size", min_batch_size, 1, "the train batch size in steps")
         if count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"ConcatBatches count_steps_by={count_steps_by!r}; use 'env_steps' or 'agent_steps'")
         self.min_batch_size, self.count_steps_by = min_batch_size, count_steps_by

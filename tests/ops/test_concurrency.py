@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import queue
 import random
 import threading
@@ -472,6 +473,14 @@ def test_minibatch_buffer_is_a_ring_and_empty_propagates() -> None:
     assert [buf.get() for _ in range(3)] == [("d", False), ("c", True), ("d", True)]
 
 
+def test_the_learner_threads_live_in_ops_learner_and_import_from_concurrency_too() -> None:
+    from flowrl.ops import concurrency, learner
+
+    for name in learner.__all__:
+        assert getattr(concurrency, name) is getattr(learner, name) and name in concurrency.__all__
+        assert getattr(learner, name).__module__ == "flowrl.ops.learner"
+
+
 @pytest.mark.parametrize("kwargs", [dict(size=0), dict(num_passes=0), dict(init_num_passes=4),
                                     dict(init_num_passes=0), dict(timeout=-1)])
 def test_minibatch_buffer_validates(kwargs: dict[str, Any]) -> None:
@@ -633,8 +642,10 @@ def test_multi_gpu_dead_loader_makes_the_learner_raise(start: Callable[[Any], An
     assert info.value.__cause__ is learner.error
 
 
-@pytest.mark.parametrize("num_gpus, match", [(-1, "must be a number >= 0"), ("1", "must be a number >= 0"),
-                                             (10 ** 6, "but torch sees")])
+@pytest.mark.parametrize("num_gpus, match", [
+    (-1, r"num_gpus=-1 must be a number in \[0, inf\) \(0: the towers live on the CPU\)"),
+    ("1", r"num_gpus='1' must be a number in \[0, inf\)"), (math.inf, r"num_gpus=inf must be a number"),
+    (10 ** 6, "but torch sees")])
 def test_multi_gpu_learner_validates_devices(num_gpus: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         MultiGPULearnerThread(FakeWorker(config=FakeConfig()), num_gpus=num_gpus, train_batch_size=5)
@@ -643,7 +654,7 @@ def test_multi_gpu_learner_validates_devices(num_gpus: Any, match: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # ApexLearnerThread
 
-def test_apex_learner_reports_priorities_per_replay_actor(start: Callable[[Any], Any]) -> None:
+def test_apex_learner_reports_priorities_per_replay_shard(start: Callable[[Any], Any]) -> None:
     worker = FakeWorker(config=FakeConfig())
     learner = start(ApexLearnerThread(worker, learner_queue_size=4))
     assert learner.inqueue.maxsize == 4
@@ -676,9 +687,9 @@ def test_apex_learner_takes_td_error_from_learner_stats_per_policy(start: Callab
 
 def test_apex_learner_dies_of_a_malformed_item(start: Callable[[Any], Any]) -> None:
     learner = start(ApexLearnerThread(FakeWorker(config=FakeConfig())))
-    learner.inqueue.put(fake_batch(2))  # not a (replay_actor, batch) pair
+    learner.inqueue.put(fake_batch(2))  # not a (replay_shard, batch) pair
     learner.join(timeout=WAIT_S)
-    assert isinstance(learner.error, ValueError) and "(replay_actor, batch) pairs" in str(learner.error)
+    assert isinstance(learner.error, ValueError) and "(replay_shard, batch) pairs" in str(learner.error)
     with pytest.raises(RuntimeError) as info:
         Dequeue(learner.outqueue, check=learner.is_alive).take(1)
     assert info.value.__cause__ is learner.error

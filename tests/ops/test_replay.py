@@ -1,4 +1,4 @@
-"""Replay operators against local buffers, replay actors and small fake shards."""
+"""Replay operators against local buffers, replay shards and small fake shards."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import ray
 from flowrl.iter import LocalIterator, ParallelIteratorWorker, RetryLater
 from flowrl.metrics import STEPS_SAMPLED_COUNTER, MetricsContext
 from flowrl.ops.replay import MixInReplay, Replay, StoreToReplayBuffer, UpdatePriorities, WaitUntilTimestepsElapsed
-from flowrl.replay_buffers import LocalReplayBuffer, make_replay_actors
+from flowrl.replay_buffers import LocalReplayBuffer, make_replay_shards
 from flowrl.sample_batch import BATCH_INDEXES, DEFAULT_POLICY_ID, OBS, MultiAgentBatch, SampleBatch
 from flowrl.testing import fake_batch, iter_list
 
@@ -23,7 +23,7 @@ DP = DEFAULT_POLICY_ID
 # -- fakes ------------------------------------------------------------------------------------------
 
 @ray.remote(num_cpus=0)
-class FakeReplayActor:
+class FakeReplayShard:
     """Records each ``add_batch`` (by the batch's first obs) and how many were in progress at once.
 
     An async actor, so every submitted call enters at once: ``inflight`` is the number of calls that
@@ -100,7 +100,7 @@ class ReplaySource:
         if kind == "local":
             self.buffer = LocalReplayBuffer(**buffer_kwargs)
         else:
-            self.actors = make_replay_actors(num_actors, **buffer_kwargs)
+            self.actors = make_replay_shards(num_actors, **buffer_kwargs)
 
     def sources(self) -> dict[str, Any]:
         return {"local_buffer": self.buffer} if self.kind == "local" else {"actors": self.actors}
@@ -199,7 +199,7 @@ def test_bad_arguments_and_items_raise_value_error() -> None:
 # -- StoreToReplayBuffer with actors: bounded outstanding adds (§6.40) -----------------------------
 
 def test_store_retries_later_when_every_actor_is_at_its_limit() -> None:
-    actors = [FakeReplayActor.remote(gated=True) for _ in range(2)]
+    actors = [FakeReplayShard.remote(gated=True) for _ in range(2)]
     try:
         op = StoreToReplayBuffer(actors=actors, max_outstanding_adds=2)
         items = batches(1, 5)
@@ -224,7 +224,7 @@ def test_store_retries_later_when_every_actor_is_at_its_limit() -> None:
 
 
 def test_slow_actors_never_exceed_max_outstanding_adds_and_lose_nothing() -> None:
-    actors = [FakeReplayActor.remote(delay_s=0.01) for _ in range(2)]
+    actors = [FakeReplayShard.remote(delay_s=0.01) for _ in range(2)]
     try:
         op = StoreToReplayBuffer(actors=actors, max_outstanding_adds=2)
         items = batches(1, 30)
@@ -242,7 +242,7 @@ def test_slow_actors_never_exceed_max_outstanding_adds_and_lose_nothing() -> Non
 
 
 def test_store_surfaces_a_failed_add() -> None:
-    actors = make_replay_actors(1, learning_starts=0, capacity=100, replay_mode="lockstep")
+    actors = make_replay_shards(1, learning_starts=0, capacity=100, replay_mode="lockstep")
     try:
         op = StoreToReplayBuffer(actors=actors, max_outstanding_adds=1)
         # policies that cannot be aligned by env step: the actor's add_batch raises

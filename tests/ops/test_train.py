@@ -114,6 +114,15 @@ def test_train_one_step_returns_batch_and_info_and_counts_steps() -> None:
     assert ws.local_worker().learn_calls == [10, 5]
 
 
+def test_the_train_family_imports_from_ops_train_whichever_module_holds_it() -> None:
+    from flowrl.ops import learner_sync, train, train_step
+
+    for module in (train_step, learner_sync):
+        for name in module.__all__:
+            assert getattr(train, name) is getattr(module, name) and name in train.__all__
+            assert getattr(module, name).__module__ == module.__name__
+
+
 def test_train_one_step_puts_once_and_sends_to_every_worker_with_the_timestep(
         fake_workers: Callable[..., WorkerSet], puts: list[Any]) -> None:
     ws = fake_workers(2)
