@@ -36,8 +36,8 @@ import torch
 
 from flowrl.algorithms import Algorithm
 from flowrl.algorithms import impala
+from flowrl.algorithms.actor_critic import adapt_kl_coeff
 from flowrl.algorithms.impala import IMPALAConfig, IMPALAPolicy
-from flowrl.algorithms.ppo import adapt_kl_coeff
 from flowrl.config import PolicyConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops.train import UpdateTargetAndKL

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from flowrl.algorithms import Algorithm
+from flowrl.algorithms.actor_critic import adapt_kl_coeff
 from flowrl.config import PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields, StandardMetricsReporting,
@@ -109,20 +110,6 @@ class PPOConfig(TrainerConfig):
             raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
         if not self.entropy_coeff >= 0:
             raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
-
-
-def adapt_kl_coeff(kl_coeff: float, sampled_kl: float, kl_target: float) -> float:
-    """RLlib's adaptive KL penalty: x1.5 above ``2 * kl_target``, x0.5 below ``kl_target / 2``.
-
-    Examples:
-        >>> adapt_kl_coeff(0.2, 0.05, 0.01), adapt_kl_coeff(0.2, 0.001, 0.01), adapt_kl_coeff(0.2, 0.01, 0.01)
-        (0.30000000000000004, 0.1, 0.2)
-    """
-    if sampled_kl > 2.0 * kl_target:
-        return kl_coeff * 1.5
-    if sampled_kl < 0.5 * kl_target:
-        return kl_coeff * 0.5
-    return kl_coeff
 
 
 class PPOPolicy(Policy):
