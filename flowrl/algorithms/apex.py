@@ -40,6 +40,7 @@ from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, De
                         RecordLearnerOutput, Replay, StandardMetricsReporting, StoreToReplayBuffer,
                         UpdateTargetNetwork, UpdateWorkerWeights)
 from flowrl.ops.replay import UpdateReplayShardPriorities
+from flowrl.ops.shutdown import shut_down
 from flowrl.replay_buffers import make_replay_actors
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
 from flowrl.workers import RolloutWorker, WorkerSet, unresponsive_actors
@@ -289,13 +290,6 @@ def make_owned_state(config: ApexConfig) -> dict[str, Any]:
     return {"replay_actors": make_replay_shards(config)}
 
 
-def _shut_down(learner: ApexLearnerThread, own_actors: list[Any]) -> None:
-    learner.stop()
-    learner.join(timeout=30)
-    for actor in own_actors:
-        ray.kill(actor, no_restart=True)
-
-
 def plan(workers: WorkerSet, config: ApexConfig, *,
          replay_actors: list[Any] | None = None) -> LocalIterator[dict[str, Any]]:
     """Ape-X: (1) store async rollouts in the shards, syncing each worker's weights every
@@ -356,7 +350,7 @@ def plan(workers: WorkerSet, config: ApexConfig, *,
     return (StandardMetricsReporting(merged, workers, config, selected_workers=selected)
             .for_each(learner.add_learner_metrics)
             .for_each(AddReplayShardStats(shards[0]))
-            .on_close(lambda: _shut_down(learner, own)))
+            .on_close(lambda: shut_down(learner, own)))
 
 
 ALGORITHM = Algorithm("apex", ApexConfig, ApexPolicy, plan, make_owned_state=make_owned_state)

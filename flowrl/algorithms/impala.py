@@ -43,12 +43,11 @@ from flowrl.iter import LocalIterator, from_actors
 from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrently, CountFreshSteps, Dequeue, Enqueue,
                         LearnerThread, MixInReplay, MultiGPULearnerThread, ParallelRollouts, RecordLearnerOutput,
                         StandardMetricsReporting, make_aggregators)
+from flowrl.ops.shutdown import shut_down
 from flowrl.policy import Policy, TensorBatch
 from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
                                  SampleBatch)
 from flowrl.workers import WorkerSet
-
-import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
 __all__ = ["IMPALAConfig", "IMPALAPolicy", "plan", "ALGORITHM"]
 
@@ -294,13 +293,6 @@ def _make_learner(workers: WorkerSet, config: IMPALAConfig) -> LearnerThread | M
         learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
 
 
-def _shut_down(learner: LearnerThread | MultiGPULearnerThread, aggregators: list[Any]) -> None:
-    learner.stop()
-    learner.join(timeout=30)
-    for aggregator in aggregators:
-        ray.kill(aggregator, no_restart=True)
-
-
 def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
     """IMPALA: async rollouts -> weights to each delivering worker -> replay mix-in -> concat
     -> learner thread; its output counted and reported.
@@ -365,7 +357,7 @@ def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, An
     learner.start()
     return (StandardMetricsReporting(merged, workers, config)
             .for_each(learner.add_learner_metrics)
-            .on_close(lambda: _shut_down(learner, aggregators)))
+            .on_close(lambda: shut_down(learner, aggregators)))
 
 
 ALGORITHM = Algorithm("impala", IMPALAConfig, IMPALAPolicy, plan)
