@@ -92,6 +92,24 @@ class APPOConfig(IMPALAConfig):
         return self.num_sgd_iter * self.minibatch_buffer_size
 
 
+def plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]]:
+    """APPO: IMPALA's plan, whose ``after_train_step`` -- ``UpdateTargetAndKL`` by default --
+    refreshes the target network (and KL coefficient) every ``target_update_period`` learner updates.
+
+    Examples:
+        >>> config = APPOConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
+        >>> it = plan(WorkerSet(policy_class=APPOPolicy, config=config), config)
+        >>> repr(it).split("]]")[1]
+        '.for_each(UpdateTargetAndKL(1)).filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics).for_each()]'
+        >>> next(it)["info"]["num_target_updates"] >= 1
+        True
+        >>> it.close()
+    """
+    if not isinstance(config, APPOConfig):
+        raise TypeError(f"APPO's plan needs an APPOConfig, got {type(config).__name__}")
+    return impala.plan(workers, config)
+
+
 class APPOPolicy(IMPALAPolicy):
     """The APPO policy: PPO's clipped surrogate on V-trace advantages, ratios against a target network.
 
@@ -184,24 +202,6 @@ class APPOPolicy(IMPALAPolicy):
         self.target_model.load_state_dict(
             {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
         self.kl_coeff = float(state["kl_coeff"])
-
-
-def plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]]:
-    """APPO: IMPALA's plan, whose ``after_train_step`` -- ``UpdateTargetAndKL`` by default --
-    refreshes the target network (and KL coefficient) every ``target_update_period`` learner updates.
-
-    Examples:
-        >>> config = APPOConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
-        >>> it = plan(WorkerSet(policy_class=APPOPolicy, config=config), config)
-        >>> repr(it).split("]]")[1]
-        '.for_each(UpdateTargetAndKL(1)).filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics).for_each()]'
-        >>> next(it)["info"]["num_target_updates"] >= 1
-        True
-        >>> it.close()
-    """
-    if not isinstance(config, APPOConfig):
-        raise TypeError(f"APPO's plan needs an APPOConfig, got {type(config).__name__}")
-    return impala.plan(workers, config)
 
 
 ALGORITHM = Algorithm("appo", APPOConfig, APPOPolicy, plan)

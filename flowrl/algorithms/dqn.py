@@ -50,9 +50,6 @@ __all__ = ["DQNConfig", "QModel", "NumpyQ", "DQNPolicy", "NSTEP_DISCOUNTS", "mak
 
 NSTEP_DISCOUNTS = "nstep_discounts"  # gamma^m of each row's n-step window, 0 where the window terminated
 
-# the columns the Q-loss reads (those present are converted to tensors, nothing else)
-_LOSS_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, NSTEP_DISCOUNTS, WEIGHTS)
-
 
 @dataclass(frozen=True, kw_only=True)
 class DQNConfig(TrainerConfig):
@@ -177,6 +174,59 @@ class DQNConfig(TrainerConfig):
         if timestep >= self.epsilon_timesteps:
             return self.final_epsilon
         return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * timestep / self.epsilon_timesteps
+
+
+def plan(workers: WorkerSet, config: DQNConfig, *,
+         replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
+    """DQN: (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
+    the target network; round robin by training intensity, emitting (2); report.
+
+    Examples:
+        >>> config = DQNConfig(seed=0, learning_starts=64, timesteps_per_iteration=100, min_iter_time_s=0)
+        >>> it = plan(WorkerSet(policy_class=DQNPolicy, config=config), config)
+        >>> print(repr(it).replace(").", ") .").replace("])[", "]) [").replace("]].", "]] ."))
+        LocalIterator[Concurrently(round_robin, round_robin_weights=[1.0, 1.0], output_indexes=[1])
+            [LocalIterator[ParallelRollouts(bulk_sync) .for_each(StoreToReplayBuffer(local))],
+             LocalIterator[Replay(local) .for_each(TrainOneStep) .for_each(UpdatePriorities)
+                           .for_each(UpdateTargetNetwork(500))]]
+        .filter(ReportGate(100 steps, 0 s)) .for_each(CollectMetrics)]
+        >>> result = next(it)
+        >>> result["info"]["num_steps_sampled"] >= 100, result["info"]["num_steps_trained"] % 32
+        (True, 0)
+    """
+    buf = replay_buffer if replay_buffer is not None else make_replay_buffer(config)
+    # (1) store rollouts
+    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buf))
+    # (2) replay into the learner
+    replay_op = Replay(local_buffer=buf)
+    if (hook := config.before_learn_on_batch) is not None:
+        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
+    train_op: LocalIterator[Any] = replay_op.for_each(train_one_step(workers, config))
+    if config.prioritized_replay:
+        train_op = train_op.for_each(UpdatePriorities(buf))
+    train_op = train_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
+    rounds = Concurrently([store_op, train_op], mode="round_robin", output_indexes=[1],
+                          round_robin_weights=config.round_robin_weights)
+    return StandardMetricsReporting(rounds, workers, config)
+
+
+def make_owned_state(config: DQNConfig) -> dict[str, Any]:
+    """What the trainer keeps across plan rebuilds: ``{"replay_buffer": make_replay_buffer(config)}``."""
+    return {"replay_buffer": make_replay_buffer(config)}
+
+
+def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
+    """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``)."""
+    return LocalReplayBuffer(
+        num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
+        replay_batch_size=config.train_batch_size,
+        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
+        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
+        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
+
+
+# the columns the Q-loss reads (those present are converted to tensors, nothing else)
+_LOSS_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, NSTEP_DISCOUNTS, WEIGHTS)
 
 
 class DQNPolicy(Policy):
@@ -350,55 +400,6 @@ class DQNPolicy(Policy):
                              f"restore a state saved by a DQNPolicy")
         self.target_model.load_state_dict(
             {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
-
-
-def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
-    """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``)."""
-    return LocalReplayBuffer(
-        num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
-        replay_batch_size=config.train_batch_size,
-        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
-        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
-        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
-
-
-def make_owned_state(config: DQNConfig) -> dict[str, Any]:
-    """What the trainer keeps across plan rebuilds: ``{"replay_buffer": make_replay_buffer(config)}``."""
-    return {"replay_buffer": make_replay_buffer(config)}
-
-
-def plan(workers: WorkerSet, config: DQNConfig, *,
-         replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
-    """DQN: (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
-    the target network; round robin by training intensity, emitting (2); report.
-
-    Examples:
-        >>> config = DQNConfig(seed=0, learning_starts=64, timesteps_per_iteration=100, min_iter_time_s=0)
-        >>> it = plan(WorkerSet(policy_class=DQNPolicy, config=config), config)
-        >>> print(repr(it).replace(").", ") .").replace("])[", "]) [").replace("]].", "]] ."))
-        LocalIterator[Concurrently(round_robin, round_robin_weights=[1.0, 1.0], output_indexes=[1])
-            [LocalIterator[ParallelRollouts(bulk_sync) .for_each(StoreToReplayBuffer(local))],
-             LocalIterator[Replay(local) .for_each(TrainOneStep) .for_each(UpdatePriorities)
-                           .for_each(UpdateTargetNetwork(500))]]
-        .filter(ReportGate(100 steps, 0 s)) .for_each(CollectMetrics)]
-        >>> result = next(it)
-        >>> result["info"]["num_steps_sampled"] >= 100, result["info"]["num_steps_trained"] % 32
-        (True, 0)
-    """
-    buf = replay_buffer if replay_buffer is not None else make_replay_buffer(config)
-    # (1) store rollouts
-    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buf))
-    # (2) replay into the learner
-    replay_op = Replay(local_buffer=buf)
-    if (hook := config.before_learn_on_batch) is not None:
-        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
-    train_op: LocalIterator[Any] = replay_op.for_each(train_one_step(workers, config))
-    if config.prioritized_replay:
-        train_op = train_op.for_each(UpdatePriorities(buf))
-    train_op = train_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
-    rounds = Concurrently([store_op, train_op], mode="round_robin", output_indexes=[1],
-                          round_robin_weights=config.round_robin_weights)
-    return StandardMetricsReporting(rounds, workers, config)
 
 
 ALGORITHM = Algorithm("dqn", DQNConfig, DQNPolicy, plan, make_owned_state=make_owned_state)

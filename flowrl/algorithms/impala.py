@@ -173,37 +173,83 @@ class IMPALAConfig(TrainerConfig):
         return min(self.minibatch_buffer_size, self.num_multi_gpu_tower_stacks)
 
 
-def sequence_layout(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
-    """Cuts a flat train batch into contiguous trajectory pieces and lays them out time-major, left-padded.
+def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
+    """IMPALA: async rollouts -> weights to each delivering worker -> replay mix-in -> concat
+    -> learner thread; its output counted and reported.
 
-    A piece ends after a row that terminated or was truncated, before a change of ``eps_id`` or ``env_id``,
-    and before a row whose ``t`` is not the previous row's ``t + 1`` (a new fragment of another worker, or a
-    replayed one). Missing columns just do not cut.
+    With ``num_aggregation_workers = G > 0`` (tree aggregation) the rollout branch is G ``Aggregator`` actors, one
+    per round-robin group of workers, that each sync their workers' weights, mix in replay and concatenate; the
+    driver gathers their train batches, counts only the freshly sampled steps as sampled, sends each aggregator
+    the learner's weights and enqueues the batch. The plan kills the aggregators when it is closed.
 
-    Returns:
-        ``(time_index, piece_index, last_rows, L, P)``: row ``i`` sits at ``[time_index[i], piece_index[i]]``
-        of an ``[L, P]`` layout in which every piece ends at time ``L - 1``; ``last_rows`` are the rows that
-        end the ``P`` pieces.
+    Raises:
+        ValueError: tree aggregation without remote workers, or with fewer remote workers than aggregators.
+
+    Examples:
+        >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
+        >>> it = plan(WorkerSet(policy_class=IMPALAPolicy, config=config), config)
+        >>> import re
+        >>> print(re.sub(r"\\.(?=(combine|for_each|filter)\\()", "\\n  .", repr(it)))
+        LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelRollouts(async)
+          .combine(MixInReplay(0, 0.0))
+          .combine(ConcatBatches(100))
+          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
+          .for_each(RecordLearnerOutput)]]
+          .filter(ReportGate(0 steps, 0 s))
+          .for_each(CollectMetrics)
+          .for_each()]
+        >>> next(it)["info"]["num_steps_trained"] >= 100
+        True
+        >>> it.close()
     """
-    n = batch[REWARDS].shape[0]
-    device = batch[REWARDS].device
-    ends = torch.zeros(n, dtype=torch.bool, device=device)
-    ends[-1] = True
-    for done in (TERMINATEDS, TRUNCATEDS):
-        if done in batch:
-            ends |= batch[done].bool()
-    for column in (EPS_ID, ENV_ID):
-        if column in batch:
-            ends[:-1] |= batch[column][1:] != batch[column][:-1]
-    if T in batch:
-        ends[:-1] |= batch[T][1:] != batch[T][:-1] + 1
-    last_rows = torch.nonzero(ends).squeeze(1)
-    piece_index = torch.cumsum(ends, 0) - ends.long()  # the piece of each row
-    lengths = torch.diff(last_rows, prepend=last_rows.new_tensor([-1]))
-    first_rows = last_rows - lengths + 1
-    L = int(lengths.max())
-    time_index = (L - lengths[piece_index]) + (torch.arange(n, device=device) - first_rows[piece_index])
-    return time_index, piece_index, last_rows, L, int(last_rows.shape[0])
+    learner = _make_learner(workers, config)
+    aggregators: list[Any] = []
+    if config.num_aggregation_workers > 0:
+        # (1) tree aggregation: each aggregator gathers its group of workers, syncs their weights, mixes in replay
+        # and concatenates; the driver counts the fresh steps and sends the aggregator the learner's weights
+        if not workers.remote_workers():
+            raise ValueError(f"num_aggregation_workers={config.num_aggregation_workers} needs remote workers, but "
+                             f"the WorkerSet has none; build it with num_workers >= 1 or set num_aggregation_workers=0")
+        aggregators = make_aggregators(
+            ParallelRollouts(workers, mode="raw"), config.num_aggregation_workers,
+            train_batch_size=config.train_batch_size, count_steps_by=config.count_steps_by,
+            replay_buffer_num_slots=config.replay_buffer_num_slots, replay_proportion=config.replay_proportion,
+            num_async=config.max_sample_requests_in_flight_per_worker, seed=config.seed)
+        train_batches = (from_actors(aggregators, name=f"Aggregators[{len(aggregators)}]").gather_async()
+                         .zip_with_source_actor().for_each(CountFreshSteps())
+                         .for_each(BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval)))
+    else:
+        # (1) sample asynchronously, send each delivering worker the learner's weights, mix in replay, concat
+        frags = ParallelRollouts(workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker)
+        if workers.remote_workers():
+            frags = frags.zip_with_source_actor().for_each(
+                BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval))
+        train_batches = (frags
+                         .combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion,
+                                              seed=config.seed))
+                         .combine(ConcatBatches(config.train_batch_size, config.count_steps_by)))
+    enqueue_op = train_batches.for_each(Enqueue(learner.inqueue))
+    # (2) count what the learner trained, from its out-queue
+    dequeue_op = Dequeue(learner.outqueue, check=learner.is_alive).for_each(RecordLearnerOutput())
+    merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
+    if config.after_train_step is not None:
+        merged = merged.for_each(config.after_train_step(workers, config))
+    learner.start()
+    return (StandardMetricsReporting(merged, workers, config)
+            .for_each(learner.add_learner_metrics)
+            .on_close(lambda: shut_down(learner, aggregators)))
+
+
+def _make_learner(workers: WorkerSet, config: IMPALAConfig) -> LearnerThread | MultiGPULearnerThread:
+    """The learner thread (not started): the multi-GPU variant unless ``simple_optimizer``."""
+    if config.use_simple_optimizer:
+        return LearnerThread(workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
+                             num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
+                             learner_queue_timeout=config.learner_queue_timeout)
+    return MultiGPULearnerThread(
+        workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
+        num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
+        learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
 
 
 class IMPALAPolicy(Policy):
@@ -281,83 +327,37 @@ class IMPALAPolicy(Policy):
         return total, dict(zip(("policy_loss", "vf_loss", "entropy", "mean_rho"), parts))
 
 
-def _make_learner(workers: WorkerSet, config: IMPALAConfig) -> LearnerThread | MultiGPULearnerThread:
-    """The learner thread (not started): the multi-GPU variant unless ``simple_optimizer``."""
-    if config.use_simple_optimizer:
-        return LearnerThread(workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
-                             num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
-                             learner_queue_timeout=config.learner_queue_timeout)
-    return MultiGPULearnerThread(
-        workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
-        num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
-        learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
+def sequence_layout(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """Cuts a flat train batch into contiguous trajectory pieces and lays them out time-major, left-padded.
 
+    A piece ends after a row that terminated or was truncated, before a change of ``eps_id`` or ``env_id``,
+    and before a row whose ``t`` is not the previous row's ``t + 1`` (a new fragment of another worker, or a
+    replayed one). Missing columns just do not cut.
 
-def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
-    """IMPALA: async rollouts -> weights to each delivering worker -> replay mix-in -> concat
-    -> learner thread; its output counted and reported.
-
-    With ``num_aggregation_workers = G > 0`` (tree aggregation) the rollout branch is G ``Aggregator`` actors, one
-    per round-robin group of workers, that each sync their workers' weights, mix in replay and concatenate; the
-    driver gathers their train batches, counts only the freshly sampled steps as sampled, sends each aggregator
-    the learner's weights and enqueues the batch. The plan kills the aggregators when it is closed.
-
-    Raises:
-        ValueError: tree aggregation without remote workers, or with fewer remote workers than aggregators.
-
-    Examples:
-        >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
-        >>> it = plan(WorkerSet(policy_class=IMPALAPolicy, config=config), config)
-        >>> import re
-        >>> print(re.sub(r"\\.(?=(combine|for_each|filter)\\()", "\\n  .", repr(it)))
-        LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelRollouts(async)
-          .combine(MixInReplay(0, 0.0))
-          .combine(ConcatBatches(100))
-          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
-          .for_each(RecordLearnerOutput)]]
-          .filter(ReportGate(0 steps, 0 s))
-          .for_each(CollectMetrics)
-          .for_each()]
-        >>> next(it)["info"]["num_steps_trained"] >= 100
-        True
-        >>> it.close()
+    Returns:
+        ``(time_index, piece_index, last_rows, L, P)``: row ``i`` sits at ``[time_index[i], piece_index[i]]``
+        of an ``[L, P]`` layout in which every piece ends at time ``L - 1``; ``last_rows`` are the rows that
+        end the ``P`` pieces.
     """
-    learner = _make_learner(workers, config)
-    aggregators: list[Any] = []
-    if config.num_aggregation_workers > 0:
-        # (1) tree aggregation: each aggregator gathers its group of workers, syncs their weights, mixes in replay
-        # and concatenates; the driver counts the fresh steps and sends the aggregator the learner's weights
-        if not workers.remote_workers():
-            raise ValueError(f"num_aggregation_workers={config.num_aggregation_workers} needs remote workers, but "
-                             f"the WorkerSet has none; build it with num_workers >= 1 or set num_aggregation_workers=0")
-        aggregators = make_aggregators(
-            ParallelRollouts(workers, mode="raw"), config.num_aggregation_workers,
-            train_batch_size=config.train_batch_size, count_steps_by=config.count_steps_by,
-            replay_buffer_num_slots=config.replay_buffer_num_slots, replay_proportion=config.replay_proportion,
-            num_async=config.max_sample_requests_in_flight_per_worker, seed=config.seed)
-        train_batches = (from_actors(aggregators, name=f"Aggregators[{len(aggregators)}]").gather_async()
-                         .zip_with_source_actor().for_each(CountFreshSteps())
-                         .for_each(BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval)))
-    else:
-        # (1) sample asynchronously, send each delivering worker the learner's weights, mix in replay, concat
-        frags = ParallelRollouts(workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker)
-        if workers.remote_workers():
-            frags = frags.zip_with_source_actor().for_each(
-                BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval))
-        train_batches = (frags
-                         .combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion,
-                                              seed=config.seed))
-                         .combine(ConcatBatches(config.train_batch_size, config.count_steps_by)))
-    enqueue_op = train_batches.for_each(Enqueue(learner.inqueue))
-    # (2) count what the learner trained, from its out-queue
-    dequeue_op = Dequeue(learner.outqueue, check=learner.is_alive).for_each(RecordLearnerOutput())
-    merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
-    if config.after_train_step is not None:
-        merged = merged.for_each(config.after_train_step(workers, config))
-    learner.start()
-    return (StandardMetricsReporting(merged, workers, config)
-            .for_each(learner.add_learner_metrics)
-            .on_close(lambda: shut_down(learner, aggregators)))
+    n = batch[REWARDS].shape[0]
+    device = batch[REWARDS].device
+    ends = torch.zeros(n, dtype=torch.bool, device=device)
+    ends[-1] = True
+    for done in (TERMINATEDS, TRUNCATEDS):
+        if done in batch:
+            ends |= batch[done].bool()
+    for column in (EPS_ID, ENV_ID):
+        if column in batch:
+            ends[:-1] |= batch[column][1:] != batch[column][:-1]
+    if T in batch:
+        ends[:-1] |= batch[T][1:] != batch[T][:-1] + 1
+    last_rows = torch.nonzero(ends).squeeze(1)
+    piece_index = torch.cumsum(ends, 0) - ends.long()  # the piece of each row
+    lengths = torch.diff(last_rows, prepend=last_rows.new_tensor([-1]))
+    first_rows = last_rows - lengths + 1
+    L = int(lengths.max())
+    time_index = (L - lengths[piece_index]) + (torch.arange(n, device=device) - first_rows[piece_index])
+    return time_index, piece_index, last_rows, L, int(last_rows.shape[0])
 
 
 ALGORITHM = Algorithm("impala", IMPALAConfig, IMPALAPolicy, plan)

@@ -42,9 +42,6 @@ from flowrl.workers import WorkerSet
 
 __all__ = ["PPOConfig", "PPOPolicy", "adapt_kl_coeff", "plan", "ALGORITHM"]
 
-# the columns PPO's loss reads; the learner converts only these to tensors
-_LOSS_COLUMNS = (OBS, ACTIONS, LOGP, ACTION_DIST_INPUTS, VF_PREDS, ADVANTAGES, VALUE_TARGETS)
-
 
 @dataclass(frozen=True, kw_only=True)
 class PPOConfig(TrainerConfig):
@@ -110,6 +107,43 @@ class PPOConfig(TrainerConfig):
             raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
         if not self.entropy_coeff >= 0:
             raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
+
+
+def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
+    """PPO: sample in lockstep, keep trained policies, concat, standardize advantages,
+    minibatch SGD + broadcast, adapt KL; report and check reward scales.
+
+    Examples:
+        >>> config = PPOConfig(seed=0, num_workers=0, train_batch_size=200, sgd_minibatch_size=50, num_sgd_iter=2)
+        >>> it = plan(WorkerSet(policy_class=PPOPolicy, config=config), config)
+        >>> for stage in repr(it).split("."):
+        ...     print(stage)
+        LocalIterator[ParallelRollouts(bulk_sync)
+        for_each(SelectExperiences(['default_policy']))
+        combine(ConcatBatches(200))
+        for_each(StandardizeFields(['advantages']))
+        for_each(TrainOneStep)
+        for_each(UpdateKL)
+        filter(ReportGate(0 steps, 0 s))
+        for_each(CollectMetrics)
+        for_each(WarnAboutBadRewardScales)]
+        >>> next(it)["info"]["num_steps_trained"]
+        200
+    """
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    learn = train_one_step(workers, config, num_sgd_iter=config.num_sgd_iter,
+                           sgd_minibatch_size=config.sgd_minibatch_size, shuffle_sequences=config.shuffle_sequences)
+    train_op = (rollouts
+                .for_each(SelectExperiences(workers.local_worker().policies_to_train))
+                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
+                .for_each(StandardizeFields([ADVANTAGES]))
+                .for_each(learn)
+                .for_each(UpdateKL(workers)))  # reads the train op's (batch, learner_info) output
+    return StandardMetricsReporting(train_op, workers, config).for_each(WarnAboutBadRewardScales(config))
+
+
+# the columns PPO's loss reads; the learner converts only these to tensors
+_LOSS_COLUMNS = (OBS, ACTIONS, LOGP, ACTION_DIST_INPUTS, VF_PREDS, ADVANTAGES, VALUE_TARGETS)
 
 
 class PPOPolicy(Policy):
@@ -205,39 +239,6 @@ class PPOPolicy(Policy):
             raise ValueError(f"PPOPolicy.set_state: the state has no 'kl_coeff' (keys {sorted(state)}); restore "
                              f"a state saved by a PPOPolicy")
         self.kl_coeff = float(state["kl_coeff"])
-
-
-def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
-    """PPO: sample in lockstep, keep trained policies, concat, standardize advantages,
-    minibatch SGD + broadcast, adapt KL; report and check reward scales.
-
-    Examples:
-        >>> config = PPOConfig(seed=0, num_workers=0, train_batch_size=200, sgd_minibatch_size=50, num_sgd_iter=2)
-        >>> it = plan(WorkerSet(policy_class=PPOPolicy, config=config), config)
-        >>> for stage in repr(it).split("."):
-        ...     print(stage)
-        LocalIterator[ParallelRollouts(bulk_sync)
-        for_each(SelectExperiences(['default_policy']))
-        combine(ConcatBatches(200))
-        for_each(StandardizeFields(['advantages']))
-        for_each(TrainOneStep)
-        for_each(UpdateKL)
-        filter(ReportGate(0 steps, 0 s))
-        for_each(CollectMetrics)
-        for_each(WarnAboutBadRewardScales)]
-        >>> next(it)["info"]["num_steps_trained"]
-        200
-    """
-    rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    learn = train_one_step(workers, config, num_sgd_iter=config.num_sgd_iter,
-                           sgd_minibatch_size=config.sgd_minibatch_size, shuffle_sequences=config.shuffle_sequences)
-    train_op = (rollouts
-                .for_each(SelectExperiences(workers.local_worker().policies_to_train))
-                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
-                .for_each(StandardizeFields([ADVANTAGES]))
-                .for_each(learn)
-                .for_each(UpdateKL(workers)))  # reads the train op's (batch, learner_info) output
-    return StandardMetricsReporting(train_op, workers, config).for_each(WarnAboutBadRewardScales(config))
 
 
 ALGORITHM = Algorithm("ppo", PPOConfig, PPOPolicy, plan)
