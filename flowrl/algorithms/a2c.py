@@ -19,7 +19,7 @@ Examples:
     >>> A2CConfig(entropy_coeff=-0.1)
     Traceback (most recent call last):
     ...
-    ValueError: entropy_coeff=-0.1 must be >= 0 (0 turns the entropy bonus off)
+    ValueError: entropy_coeff=-0.1 must be a number >= 0 (0 turns the entropy bonus off)
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from flowrl.iter import LocalIterator
 from flowrl.ops.metrics import StandardMetricsReporting
 from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
 from flowrl.ops.train import ApplyGradients, AverageGradients, ComputeGradients, train_one_step
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["ActorCriticConfig", "ActorCriticPolicy", "A2CConfig", "plan", "ALGORITHM"]
@@ -53,19 +54,14 @@ class A2CConfig(ActorCriticConfig):
 
     rollout_fragment_length: int = 20
     timesteps_per_iteration: int = 1000
-    microbatch_size: int | None = None
+    microbatch_size: int | None = bounded(None, ge=1, meaning="steps per microbatch; None trains on whole batches")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.microbatch_size is not None:
-            if isinstance(self.microbatch_size, bool) or not isinstance(self.microbatch_size, int) \
-                    or self.microbatch_size < 1:
-                raise ValueError(f"microbatch_size={self.microbatch_size!r} must be a positive int (steps per "
-                                 f"microbatch), or None to train on whole batches")
-            if not self.use_simple_optimizer:
-                raise ValueError(f"microbatch_size={self.microbatch_size} computes gradients on the local worker and "
-                                 f"cannot use the multi-GPU learner (num_gpus={self.num_gpus}, simple_optimizer="
-                                 f"{self.simple_optimizer}); set microbatch_size=None or simple_optimizer=True")
+        if self.microbatch_size is not None and not self.use_simple_optimizer:
+            raise ValueError(f"microbatch_size={self.microbatch_size} computes gradients on the local worker and "
+                             f"cannot use the multi-GPU learner (num_gpus={self.num_gpus}, simple_optimizer="
+                             f"{self.simple_optimizer}); set microbatch_size=None or simple_optimizer=True")
 
     @property
     def actual_train_batch_size(self) -> int | None:

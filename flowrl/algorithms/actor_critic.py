@@ -14,7 +14,7 @@ Examples:
     >>> ActorCriticConfig(entropy_coeff=-0.1)
     Traceback (most recent call last):
     ...
-    ValueError: entropy_coeff=-0.1 must be >= 0 (0 turns the entropy bonus off)
+    ValueError: entropy_coeff=-0.1 must be a number >= 0 (0 turns the entropy bonus off)
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from flowrl.policy import Policy, TensorBatch
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTIONS, ADVANTAGES, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS,
                                  VF_PREDS, SampleBatch)
+from flowrl.validation import bounded
 
 __all__ = ["ActorCriticConfig", "ActorCriticPolicy", "adapt_kl_coeff"]
 
@@ -49,21 +50,11 @@ class ActorCriticConfig(TrainerConfig):
     """
 
     use_gae: bool = True
-    lambda_: float = 1.0
-    vf_loss_coeff: float = 0.5
-    entropy_coeff: float = 0.01
+    lambda_: float = bounded(1.0, ge=0, le=1, meaning="1.0: Monte Carlo advantages, 0.0: one-step TD errors")
+    vf_loss_coeff: float = bounded(0.5, ge=0, meaning="0 leaves the value head untrained")
+    entropy_coeff: float = bounded(0.01, ge=0, meaning="0 turns the entropy bonus off")
     grad_clip: float | None = 40.0
     lr: float = 0.0001
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 <= self.lambda_ <= 1.0:
-            raise ValueError(f"lambda_={self.lambda_} must be in [0, 1] (1.0: Monte Carlo advantages, 0.0: one-step "
-                             f"TD errors)")
-        if not self.vf_loss_coeff >= 0:
-            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
-        if not self.entropy_coeff >= 0:
-            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
 
 
 class ActorCriticPolicy(Policy):
@@ -71,8 +62,8 @@ class ActorCriticPolicy(Policy):
 
     ``postprocess_trajectory`` adds ``advantages`` and ``value_targets`` to each trajectory piece
     (:func:`flowrl.postprocessing.add_advantages`): GAE over the sampled ``vf_preds`` (or discounted returns
-    minus ``vf_preds`` when ``use_gae=False``). A terminated episode's last step has no future value; a truncated one, or a
-    fragment cut mid-episode, bootstraps from ``V(new_obs)`` of its last row. ``loss`` is
+    minus ``vf_preds`` when ``use_gae=False``). A terminated episode's last step has no future value; a truncated
+    one, or a fragment cut mid-episode, bootstraps from ``V(new_obs)`` of its last row. ``loss`` is
     ``-mean(logp(a) * A) + vf_loss_coeff * 0.5 * mean((V(s) - target)^2) - entropy_coeff * mean(entropy)``;
     ``grad_clip`` clips the gradients.
 

@@ -43,6 +43,7 @@ from flowrl.ops.replay import UpdateReplayShardPriorities
 from flowrl.ops.shutdown import shut_down
 from flowrl.replay_buffers import make_replay_actors
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
+from flowrl.validation import bounded
 from flowrl.workers import RolloutWorker, WorkerSet, unresponsive_actors
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
@@ -80,8 +81,8 @@ class ApexConfig(DQNConfig):
     """
 
     num_workers: int = field(default_factory=num_workers_that_fit(32, "ApexConfig"))
-    num_replay_buffer_shards: int = 4
-    max_weight_sync_delay: int = 400
+    num_replay_buffer_shards: int = bounded(4, ge=1, meaning="replay shard actors")
+    max_weight_sync_delay: int = bounded(400, ge=1, meaning="steps a worker delivers between weight syncs")
     n_step: int = 3
     buffer_size: int = 2_000_000
     learning_starts: int = 50000
@@ -91,7 +92,7 @@ class ApexConfig(DQNConfig):
     timesteps_per_iteration: int = 1000
     worker_side_prioritization: bool = True
     replay_buffer_shards_colocated_with_driver: bool = True
-    learner_queue_size: int = 16
+    learner_queue_size: int = bounded(16, ge=1, meaning="replayed batches waiting for the learner")
 
     def __post_init__(self) -> None:
         check_finite_fields(self)  # before the num_gpus check below, which runs ahead of the inherited checks
@@ -99,12 +100,6 @@ class ApexConfig(DQNConfig):
             raise ValueError(f"num_gpus={self.num_gpus}: Ape-X trains on one learner device; use num_gpus=0 (CPU) "
                              f"or num_gpus=1")
         super().__post_init__()
-        for name, meaning in (("num_replay_buffer_shards", "replay shard actors"),
-                              ("max_weight_sync_delay", "steps a worker delivers between weight syncs"),
-                              ("learner_queue_size", "replayed batches waiting for the learner")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an int >= 1 ({meaning})")
 
     @property
     def worker_epsilons(self) -> list[float]:

@@ -20,7 +20,7 @@ Examples:
     >>> APPOConfig(clip_param=0)
     Traceback (most recent call last):
     ...
-    ValueError: clip_param=0 must be > 0, e.g. 0.4 (the surrogate clips pi / pi_target to [1 - clip, 1 + clip])
+    ValueError: clip_param=0 must be a number > 0 (e.g. 0.4; the surrogate clips pi / pi_target to [1 - clip, 1 + clip])
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from flowrl.iter import LocalIterator
 from flowrl.ops.train import UpdateTargetAndKL
 from flowrl.policy import TensorBatch
 from flowrl.sample_batch import ACTIONS, LOGP, OBS
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["APPOConfig", "APPOPolicy", "plan", "ALGORITHM"]
@@ -64,24 +65,17 @@ class APPOConfig(IMPALAConfig):
     """
 
     replay_buffer_num_slots: int = 100
-    clip_param: float = 0.4
+    clip_param: float = bounded(
+        0.4, gt=0, meaning="e.g. 0.4; the surrogate clips pi / pi_target to [1 - clip, 1 + clip]")
     use_kl_loss: bool = False
-    kl_coeff: float = 1.0
-    kl_target: float = 0.01
+    kl_coeff: float = bounded(1.0, ge=0, meaning="it scales the KL loss; use_kl_loss=False turns it off")
+    kl_target: float = bounded(0.01, gt=0, meaning="the KL that update_kl steers towards, e.g. 0.01")
     after_train_step: Callable[[WorkerSet, IMPALAConfig], Callable[[Any], Any]] | None = UpdateTargetAndKL
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.clip_param > 0:
-            raise ValueError(f"clip_param={self.clip_param} must be > 0, e.g. 0.4 (the surrogate clips pi / pi_target "
-                             f"to [1 - clip, 1 + clip])")
         if not isinstance(self.use_kl_loss, bool):
             raise TypeError(f"use_kl_loss={self.use_kl_loss!r} must be a bool")
-        if not self.kl_coeff >= 0:
-            raise ValueError(f"kl_coeff={self.kl_coeff} must be >= 0 (it scales the KL loss; use_kl_loss=False "
-                             f"turns it off)")
-        if not self.kl_target > 0:
-            raise ValueError(f"kl_target={self.kl_target} must be > 0, e.g. 0.01")
         if self.after_train_step is None:
             raise ValueError("after_train_step=None: APPO's target network would never be refreshed; keep the "
                              "default UpdateTargetAndKL")

@@ -43,6 +43,7 @@ from flowrl.postprocessing import compute_nstep
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
                                  AnyBatch, SampleBatch)
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["DQNConfig", "QModel", "NumpyQ", "DQNPolicy", "NSTEP_DISCOUNTS", "make_replay_buffer", "make_owned_state",
@@ -85,53 +86,36 @@ class DQNConfig(TrainerConfig):
     train_batch_size: int = 32
     timesteps_per_iteration: int = 1000
     lr: float = 5e-4
-    adam_epsilon: float = 1e-8
+    adam_epsilon: float = bounded(1e-8, gt=0, meaning="Adam's epsilon")
     grad_clip: float | None = 40
     double_q: bool = True
     dueling: bool = True
     hiddens: tuple[int, ...] = (256,)
-    n_step: int = 1
-    huber_delta: float = 1.0
-    target_network_update_freq: int = 500
-    buffer_size: int = 50000
-    learning_starts: int = 1000
+    n_step: int = bounded(1, ge=1, meaning="steps per return, 1: one-step TD")
+    huber_delta: float = bounded(1.0, gt=0, meaning="the Huber loss is linear beyond it")
+    target_network_update_freq: int = bounded(500, ge=0, meaning="steps between target-network copies")
+    buffer_size: int = bounded(50000, ge=1, meaning="timesteps the replay buffer holds")
+    learning_starts: int = bounded(1000, ge=0, meaning="timesteps stored before the first replay")
     prioritized_replay: bool = True
     prioritized_replay_alpha: float = 0.6
-    prioritized_replay_beta: float = 0.4
-    prioritized_replay_eps: float = 1e-6
+    prioritized_replay_beta: float = bounded(0.4, ge=0, meaning="0: no importance weighting")
+    prioritized_replay_eps: float = bounded(1e-6, gt=0, meaning="added to |td_error| in each priority")
     replay_mode: Literal["independent", "lockstep"] = "independent"
-    replay_sequence_length: int = 1
-    initial_epsilon: float = 1.0
-    final_epsilon: float = 0.02
-    epsilon_timesteps: int = 10000
-    training_intensity: float | None = None
+    replay_sequence_length: int = bounded(1, ge=1, meaning="timesteps per stored item")
+    initial_epsilon: float = bounded(1.0, ge=0, le=1, meaning="the exploration probability at the start")
+    final_epsilon: float = bounded(0.02, ge=0, le=1, meaning="the exploration probability after the anneal")
+    epsilon_timesteps: int = bounded(10000, ge=0, meaning="sampled steps over which epsilon anneals")
+    training_intensity: float | None = bounded(
+        None, gt=0, meaning="trained steps per sampled step; None: one replay per store")
     before_learn_on_batch: Callable[[AnyBatch, WorkerSet, DQNConfig], AnyBatch] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, low, meaning in (("n_step", 1, "steps per return, 1: one-step TD"),
-                                   ("buffer_size", 1, "timesteps the replay buffer holds"),
-                                   ("learning_starts", 0, "timesteps stored before the first replay"),
-                                   ("target_network_update_freq", 0, "sampled steps between target copies"),
-                                   ("epsilon_timesteps", 0, "sampled steps over which epsilon anneals"),
-                                   ("replay_sequence_length", 1, "timesteps per stored item")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}={value!r} must be an int >= {low} ({meaning})")
         if self.rollout_fragment_length < self.n_step:
             raise ValueError(f"rollout_fragment_length={self.rollout_fragment_length} is shorter than n_step="
                              f"{self.n_step}; raise rollout_fragment_length to at least {self.n_step}")
         if not all(isinstance(h, int) and h > 0 for h in self.hiddens):
             raise ValueError(f"hiddens={self.hiddens!r} must be positive ints, e.g. (256,), or () for linear heads")
-        for name in ("initial_epsilon", "final_epsilon"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a probability in [0, 1]")
-        for name in ("adam_epsilon", "huber_delta", "prioritized_replay_eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
-        if not self.prioritized_replay_beta >= 0:
-            raise ValueError(f"prioritized_replay_beta={self.prioritized_replay_beta!r} must be >= 0 (0: no "
-                             f"importance weighting)")
         if self.replay_mode not in ("independent", "lockstep"):
             raise ValueError(f"replay_mode={self.replay_mode!r}; use 'independent' or 'lockstep'")
         if self.prioritized_replay:
@@ -145,9 +129,6 @@ class DQNConfig(TrainerConfig):
                 raise ValueError(f"prioritized_replay=True with the multi-device learner (num_gpus={self.num_gpus}) "
                                  f"is unsupported: MultiGPUTrainOneStep reports no per-row td_error; set "
                                  f"prioritized_replay=False or simple_optimizer=True")
-        if self.training_intensity is not None and not (0 < self.training_intensity < float("inf")):
-            raise ValueError(f"training_intensity={self.training_intensity!r} must be a finite number > 0 (trained "
-                             f"steps per sampled step), or None for one replay per store")
 
     @property
     def round_robin_weights(self) -> list[float]:

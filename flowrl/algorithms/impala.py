@@ -47,14 +47,12 @@ from flowrl.ops.shutdown import shut_down
 from flowrl.policy import Policy, TensorBatch
 from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
                                  SampleBatch)
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["IMPALAConfig", "IMPALAPolicy", "plan", "ALGORITHM"]
 
 logger = logging.getLogger(__name__)
-
-_POSITIVE_INTS = ("num_multi_gpu_tower_stacks", "minibatch_buffer_size", "num_sgd_iter", "learner_queue_size",
-                  "max_sample_requests_in_flight_per_worker", "broadcast_interval")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,21 +92,21 @@ class IMPALAConfig(TrainerConfig):
     rollout_fragment_length: int = 50
     train_batch_size: int = 500
     timesteps_per_iteration: int = 1000
-    num_multi_gpu_tower_stacks: int = 1
-    minibatch_buffer_size: int = 1
-    num_sgd_iter: int = 1
-    replay_proportion: float = 0.0
-    replay_buffer_num_slots: int = 0
-    learner_queue_size: int = 16
-    learner_queue_timeout: float = 300
-    max_sample_requests_in_flight_per_worker: int = 2
-    broadcast_interval: int = 1
-    num_aggregation_workers: int = 0
+    num_multi_gpu_tower_stacks: int = bounded(1, ge=1, meaning="batches the multi-GPU learner holds loaded")
+    minibatch_buffer_size: int = bounded(1, ge=1, meaning="train batches the learner thread cycles through")
+    num_sgd_iter: int = bounded(1, ge=1, meaning="passes over each train batch")
+    replay_proportion: float = bounded(0.0, ge=0, meaning="expected replays per fragment")
+    replay_buffer_num_slots: int = bounded(0, ge=0, meaning="fragments held for replay")
+    learner_queue_size: int = bounded(16, ge=1, meaning="train batches waiting for the learner")
+    learner_queue_timeout: float = bounded(300, gt=0, meaning="seconds of one wait of the learner on its empty queue")
+    max_sample_requests_in_flight_per_worker: int = bounded(2, ge=1, meaning="sample requests outstanding per worker")
+    broadcast_interval: int = bounded(1, ge=1, meaning="fragments between re-reads of the learner weights")
+    num_aggregation_workers: int = bounded(0, ge=0, meaning="0: no tree aggregation")
     after_train_step: Callable[[WorkerSet, IMPALAConfig], Callable[[Any], Any]] | None = None
-    vtrace_clip_rho_threshold: float = 1.0
-    vtrace_clip_pg_rho_threshold: float = 1.0
-    vf_loss_coeff: float = 0.5
-    entropy_coeff: float = 0.01
+    vtrace_clip_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
+    vtrace_clip_pg_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
+    vf_loss_coeff: float = bounded(0.5, ge=0, meaning="0 leaves the value head untrained")
+    entropy_coeff: float = bounded(0.01, ge=0, meaning="0 turns the entropy bonus off")
     grad_clip: float | None = 40.0
     lr: float = 0.0005
 
@@ -117,13 +115,7 @@ class IMPALAConfig(TrainerConfig):
         if self.batch_mode != "truncate_episodes":
             raise ValueError(f"batch_mode={self.batch_mode!r}: V-trace learns from fragments; use "
                              f"batch_mode='truncate_episodes'")
-        for name in _POSITIVE_INTS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int")
         n = self.num_aggregation_workers
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"num_aggregation_workers={n!r} must be an int >= 0 (0: no tree aggregation)")
         if n > 0 and self.num_workers == 0:
             raise ValueError(f"num_aggregation_workers={n} with num_workers=0: tree aggregation gathers remote "
                              f"rollout workers and there are none; set num_workers >= {n} or num_aggregation_workers=0")
@@ -134,23 +126,9 @@ class IMPALAConfig(TrainerConfig):
             logger.warning("num_aggregation_workers=%d is more than half of num_workers=%d, so most aggregators "
                            "serve a single worker and only add a hop; use num_aggregation_workers <= %d (0: the "
                            "driver gathers the workers itself)", n, self.num_workers, self.num_workers // 2)
-        if isinstance(self.replay_buffer_num_slots, bool) or not isinstance(self.replay_buffer_num_slots, int) \
-                or self.replay_buffer_num_slots < 0:
-            raise ValueError(f"replay_buffer_num_slots={self.replay_buffer_num_slots!r} must be an int >= 0")
-        if not self.replay_proportion >= 0:
-            raise ValueError(f"replay_proportion={self.replay_proportion} must be >= 0 (expected replays per fragment)")
         if self.replay_proportion > 0 and self.replay_buffer_num_slots == 0:
             raise ValueError(f"replay_proportion={self.replay_proportion} needs stored fragments, but "
                              f"replay_buffer_num_slots=0; raise replay_buffer_num_slots or set replay_proportion=0")
-        if not self.learner_queue_timeout > 0:
-            raise ValueError(f"learner_queue_timeout={self.learner_queue_timeout} must be > 0 seconds")
-        for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0 (1.0 is the paper's choice)")
-        if not self.vf_loss_coeff >= 0:
-            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
-        if not self.entropy_coeff >= 0:
-            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
         if self.after_train_step is not None and not callable(self.after_train_step):
             raise ValueError(f"after_train_step={self.after_train_step!r} must be a factory (workers, config) -> "
                              f"stage, or None")

@@ -38,6 +38,7 @@ from flowrl.policy import Policy, TensorBatch, column_tensor
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS,
                                  REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["PPOConfig", "PPOPolicy", "adapt_kl_coeff", "plan", "ALGORITHM"]
@@ -70,43 +71,24 @@ class PPOConfig(TrainerConfig):
     infinite_ok_fields: ClassVar[frozenset[str]] = frozenset({"vf_clip_param"})
 
     train_batch_size: int = 4000
-    sgd_minibatch_size: int = 128
-    num_sgd_iter: int = 30
+    sgd_minibatch_size: int = bounded(128, ge=1, meaning="rows per SGD minibatch")
+    num_sgd_iter: int = bounded(30, ge=1, meaning="epochs per batch")
     shuffle_sequences: bool = True
     lr: float = 5e-5
     use_gae: bool = True
-    lambda_: float = 1.0
-    kl_coeff: float = 0.2
-    kl_target: float = 0.01
-    clip_param: float = 0.3
-    vf_clip_param: float = 10.0
-    vf_loss_coeff: float = 1.0
-    entropy_coeff: float = 0.0
+    lambda_: float = bounded(1.0, ge=0, le=1, meaning="1.0: Monte Carlo advantages, 0.0: one-step TD errors")
+    kl_coeff: float = bounded(0.2, ge=0, meaning="0 turns the KL penalty off")
+    kl_target: float = bounded(0.01, gt=0, meaning="the KL the penalty steers towards, e.g. 0.01")
+    clip_param: float = bounded(0.3, gt=0, meaning="the surrogate's ratio clip, e.g. 0.2 or 0.3")
+    vf_clip_param: float = bounded(10.0, gt=0, meaning="float('inf') turns value clipping off")
+    vf_loss_coeff: float = bounded(1.0, ge=0, meaning="0 leaves the value head untrained")
+    entropy_coeff: float = bounded(0.0, ge=0, meaning="0 turns the entropy bonus off")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, meaning in (("sgd_minibatch_size", "rows per SGD minibatch"), ("num_sgd_iter", "epochs per batch")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int ({meaning})")
         if self.sgd_minibatch_size > self.train_batch_size:
             raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} exceeds train_batch_size="
                              f"{self.train_batch_size}; lower sgd_minibatch_size or raise train_batch_size")
-        if not 0.0 <= self.lambda_ <= 1.0:
-            raise ValueError(f"lambda_={self.lambda_} must be in [0, 1] (1.0: Monte Carlo advantages, 0.0: one-step "
-                             f"TD errors)")
-        if not self.kl_coeff >= 0:
-            raise ValueError(f"kl_coeff={self.kl_coeff} must be >= 0 (0 turns the KL penalty off)")
-        if not self.kl_target > 0:
-            raise ValueError(f"kl_target={self.kl_target} must be > 0, e.g. 0.01")
-        if not self.clip_param > 0:
-            raise ValueError(f"clip_param={self.clip_param} must be > 0, e.g. 0.2 or 0.3")
-        if not self.vf_clip_param > 0:
-            raise ValueError(f"vf_clip_param={self.vf_clip_param} must be > 0 (float('inf') turns value clipping off)")
-        if not self.vf_loss_coeff >= 0:
-            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
-        if not self.entropy_coeff >= 0:
-            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
 
 
 def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
