@@ -66,6 +66,16 @@ class _ConvEncoder(nn.Module):
         return self.net(obs.float().permute(0, 3, 1, 2) / self.scale)  # type: ignore[no-any-return]
 
 
+def _encoder(obs_space: gym.spaces.Box, config: ModelConfig) -> tuple[nn.Module, int]:
+    """The observation encoder and its output size: a CNN for HWC images (uint8 scaled from 0..255), else a
+    flatten."""
+    shape = tuple(obs_space.shape)
+    if len(shape) == 3:
+        conv = _ConvEncoder(shape, config.conv_filters, nn.ReLU, 255.0 if obs_space.dtype == np.uint8 else 1.0)
+        return conv, conv.out_size
+    return nn.Flatten(), int(np.prod(shape))
+
+
 class ActorCriticModel(nn.Module):
     """``forward(obs) -> (action_dist_inputs [B, A], values [B])``."""
 
@@ -74,14 +84,7 @@ class ActorCriticModel(nn.Module):
         super().__init__()
         act = _ACTIVATIONS[config.activation]
         self.activation_name = config.activation
-        shape = tuple(obs_space.shape)
-        self.encoder: nn.Module
-        if len(shape) == 3:
-            scale = 255.0 if obs_space.dtype == np.uint8 else 1.0
-            conv = _ConvEncoder(shape, config.conv_filters, nn.ReLU, scale)
-            self.encoder, in_size = conv, conv.out_size
-        else:
-            self.encoder, in_size = nn.Flatten(), int(np.prod(shape))
+        self.encoder, in_size = _encoder(obs_space, config)
         sizes = [in_size, *config.hidden_sizes]
         self.pi_trunk = _mlp(sizes, act)
         self.vf_trunk = None if config.vf_share_layers else _mlp(sizes, act)
@@ -377,13 +380,7 @@ class QModel(nn.Module):
         super().__init__()
         act = _ACTIVATIONS[config.activation]
         self.activation_name = config.activation
-        shape = tuple(obs_space.shape)
-        self.encoder: nn.Module
-        if len(shape) == 3:
-            conv = _ConvEncoder(shape, config.conv_filters, nn.ReLU, 255.0 if obs_space.dtype == np.uint8 else 1.0)
-            self.encoder, in_size = conv, conv.out_size
-        else:
-            self.encoder, in_size = nn.Flatten(), int(np.prod(shape))
+        self.encoder, in_size = _encoder(obs_space, config)
         torso = [in_size, *config.hidden_sizes]
         self.torso = _mlp(torso, act)
         head = [torso[-1], *hiddens]
