@@ -1,7 +1,10 @@
 """Algorithms as plans: one file each, with a frozen config, a policy and ``plan(workers, config)``.
 
-Each module ``flowrl/algorithms/<name>.py`` ends with ``ALGORITHM = Algorithm(...)``; the registry
-maps a name to its module and imports it on first use, so ``flowrl.algorithms`` stays light.
+Each module ``flowrl/algorithms/<name>.py`` reads "what" before "how": its docstring (paper and dataflow),
+the config, ``plan``, the state the trainer owns (``make_owned_state``), the policy, and last
+``ALGORITHM = Algorithm(...)``; the registry maps a name to its module and imports it on first use, so
+``flowrl.algorithms`` stays light. What several algorithms share lives in modules that register nothing
+(:mod:`~flowrl.algorithms.actor_critic`, :mod:`~flowrl.algorithms.vtrace`).
 :class:`flowrl.trainer.Trainer` (and the CLI) find algorithms here by name:
 ``Trainer("ppo", PPOConfig(...))``.
 

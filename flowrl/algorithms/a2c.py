@@ -7,7 +7,8 @@ then broadcast to every worker (``TrainOneStep``, or ``MultiGPUTrainOneStep`` fo
 With ``microbatch_size`` the batch is cut into microbatches whose gradients are computed one at a time,
 averaged over ``k = ceil(train_batch_size / microbatch_size)`` and applied once (``ApplyGradients``).
 
-This module also holds the actor-critic policy that A2C and A3C share: GAE advantages, and the loss
+The policy is the actor-critic one that A2C and A3C share
+(:class:`~flowrl.algorithms.actor_critic.ActorCriticPolicy`): GAE advantages, and the loss
 ``policy gradient + vf_loss_coeff * value loss - entropy_coeff * entropy``, with gradients clipped to
 ``grad_clip``.
 
@@ -18,7 +19,7 @@ Examples:
     >>> A2CConfig(entropy_coeff=-0.1)
     Traceback (most recent call last):
     ...
-    ValueError: entropy_coeff=-0.1 must be >= 0 (0 turns the entropy bonus off)
+    ValueError: entropy_coeff=-0.1 must be a number >= 0 (0 turns the entropy bonus off)
 """
 
 from __future__ import annotations
@@ -27,54 +28,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
-import torch
-
 from flowrl.algorithms import Algorithm
-from flowrl.config import PolicyConfig, TrainerConfig
+from flowrl.algorithms.actor_critic import ActorCriticConfig, ActorCriticPolicy
 from flowrl.iter import LocalIterator
 from flowrl.ops.metrics import StandardMetricsReporting
 from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
 from flowrl.ops.train import ApplyGradients, AverageGradients, ComputeGradients, train_one_step
-from flowrl.policy import Policy, TensorBatch
-from flowrl.postprocessing import add_advantages
-from flowrl.sample_batch import (ACTIONS, ADVANTAGES, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS,
-                                 VALUE_TARGETS, VF_PREDS, SampleBatch)
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["ActorCriticConfig", "ActorCriticPolicy", "A2CConfig", "plan", "ALGORITHM"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ActorCriticConfig(TrainerConfig):
-    """The actor-critic loss settings that A2C and A3C share (RLlib's A3C defaults).
-
-    Attributes:
-        use_gae: advantages by GAE(gamma, lambda_) (True) or as discounted returns minus ``V(s)`` (False).
-        lambda_: GAE's bias-variance trade-off, in [0, 1].
-        vf_loss_coeff: weight of the value loss ``0.5 * mean((V(s) - value_target)^2)``.
-        entropy_coeff: weight of the entropy bonus (subtracted from the loss).
-        grad_clip: max global gradient norm (40), or ``None``.
-        lr: Adam learning rate (1e-4).
-    """
-
-    use_gae: bool = True
-    lambda_: float = 1.0
-    vf_loss_coeff: float = 0.5
-    entropy_coeff: float = 0.01
-    grad_clip: float | None = 40.0
-    lr: float = 0.0001
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 <= self.lambda_ <= 1.0:
-            raise ValueError(f"lambda_={self.lambda_} must be in [0, 1] (1.0: Monte Carlo advantages, 0.0: one-step "
-                             f"TD errors)")
-        if not self.vf_loss_coeff >= 0:
-            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
-        if not self.entropy_coeff >= 0:
-            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,19 +54,14 @@ class A2CConfig(ActorCriticConfig):
 
     rollout_fragment_length: int = 20
     timesteps_per_iteration: int = 1000
-    microbatch_size: int | None = None
+    microbatch_size: int | None = bounded(None, ge=1, meaning="steps per microbatch; None trains on whole batches")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.microbatch_size is not None:
-            if isinstance(self.microbatch_size, bool) or not isinstance(self.microbatch_size, int) \
-                    or self.microbatch_size < 1:
-                raise ValueError(f"microbatch_size={self.microbatch_size!r} must be a positive int (steps per "
-                                 f"microbatch), or None to train on whole batches")
-            if not self.use_simple_optimizer:
-                raise ValueError(f"microbatch_size={self.microbatch_size} computes gradients on the local worker and "
-                                 f"cannot use the multi-GPU learner (num_gpus={self.num_gpus}, simple_optimizer="
-                                 f"{self.simple_optimizer}); set microbatch_size=None or simple_optimizer=True")
+        if self.microbatch_size is not None and not self.use_simple_optimizer:
+            raise ValueError(f"microbatch_size={self.microbatch_size} computes gradients on the local worker and "
+                             f"cannot use the multi-GPU learner (num_gpus={self.num_gpus}, simple_optimizer="
+                             f"{self.simple_optimizer}); set microbatch_size=None or simple_optimizer=True")
 
     @property
     def actual_train_batch_size(self) -> int | None:
@@ -130,62 +88,6 @@ class A2CConfig(ActorCriticConfig):
     def microbatches_per_step(self) -> int:
         """k = ceil(train_batch_size / microbatch_size): microbatch gradients averaged per update (1 without)."""
         return 1 if self.microbatch_size is None else math.ceil(self.train_batch_size / self.microbatch_size)
-
-
-class ActorCriticPolicy(Policy):
-    """The advantage actor-critic policy of A2C and A3C.
-
-    ``postprocess_trajectory`` adds ``advantages`` and ``value_targets`` to each trajectory piece
-    (:func:`flowrl.postprocessing.add_advantages`): GAE over the sampled ``vf_preds`` (or discounted returns
-    minus ``vf_preds`` when ``use_gae=False``). A terminated episode's last step has no future value; a truncated one, or a
-    fragment cut mid-episode, bootstraps from ``V(new_obs)`` of its last row. ``loss`` is
-    ``-mean(logp(a) * A) + vf_loss_coeff * 0.5 * mean((V(s) - target)^2) - entropy_coeff * mean(entropy)``;
-    ``grad_clip`` clips the gradients.
-
-    Args:
-        observation_space / action_space: as for :class:`~flowrl.policy.Policy`.
-        config: an :class:`ActorCriticConfig` (``A2CConfig``, ``A3CConfig``).
-
-    Raises:
-        TypeError: a config without the actor-critic loss settings.
-
-    Examples:
-        >>> policy = ActorCriticPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
-        ...                            A2CConfig(gamma=1.0, seed=0))
-        >>> piece = SampleBatch({OBS: np.zeros((2, 4), np.float32), NEXT_OBS: np.zeros((2, 4), np.float32),
-        ...                      ACTIONS: np.zeros(2, np.int64), REWARDS: np.ones(2, np.float32),
-        ...                      VF_PREDS: np.full(2, 0.5, np.float32), TERMINATEDS: np.array([False, True]),
-        ...                      TRUNCATEDS: np.zeros(2, bool)})
-        >>> out = policy.postprocess_trajectory(piece)
-        >>> out[ADVANTAGES].tolist(), out[VALUE_TARGETS].tolist()
-        ([1.5, 0.5], [2.0, 1.0])
-        >>> sorted(policy.learn_on_batch(out)["learner_stats"])
-        ['entropy', 'grad_gnorm', 'loss', 'policy_loss', 'vf_loss']
-    """
-
-    config: ActorCriticConfig
-
-    postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
-
-    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
-        if not isinstance(config, ActorCriticConfig):
-            raise TypeError(f"{type(self).__name__} needs an ActorCriticConfig (A2CConfig or A3CConfig) for its loss "
-                            f"settings, got {type(config).__name__}; build the workers with A2CConfig(...)")
-        super().__init__(observation_space, action_space, config)
-
-    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
-        cfg = self.config
-        return add_advantages(batch, self.value, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)
-
-    def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        dist_inputs, values = self.model(batch[OBS])
-        dist = self.action_distribution(dist_inputs)
-        policy_loss = -(dist.logp(batch[ACTIONS]) * batch[ADVANTAGES]).mean()
-        vf_loss = 0.5 * (values - batch[VALUE_TARGETS]).pow(2).mean()
-        entropy = dist.entropy().mean()
-        total = policy_loss + self.config.vf_loss_coeff * vf_loss - self.config.entropy_coeff * entropy
-        return total, {"policy_loss": float(policy_loss.detach()), "vf_loss": float(vf_loss.detach()),
-                       "entropy": float(entropy.detach())}
 
 
 def plan(workers: WorkerSet, config: A2CConfig) -> LocalIterator[dict[str, Any]]:

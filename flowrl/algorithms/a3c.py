@@ -5,7 +5,7 @@ Dataflow: every remote worker samples a short fragment and computes the gradient
 the actor-critic loss on it, with one request in flight per worker (``AsyncGradients``). The driver applies
 each gradient to the local policy as it arrives and sends the new weights back to the worker that
 produced it only (``ApplyGradients(update_all=False)``), which then samples its next fragment.
-The policy is A2C's :class:`~flowrl.algorithms.a2c.ActorCriticPolicy`; only the dataflow differs.
+The policy is A2C's :class:`~flowrl.algorithms.actor_critic.ActorCriticPolicy`; only the dataflow differs.
 
 Examples:
     >>> config = A3CConfig(env="CartPole-v1", num_workers=2)
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flowrl.algorithms import Algorithm
-from flowrl.algorithms.a2c import ActorCriticConfig, ActorCriticPolicy
+from flowrl.algorithms.actor_critic import ActorCriticConfig, ActorCriticPolicy
 from flowrl.config import TrainerConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops.metrics import StandardMetricsReporting

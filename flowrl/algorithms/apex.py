@@ -40,8 +40,10 @@ from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, De
                         RecordLearnerOutput, Replay, StandardMetricsReporting, StoreToReplayBuffer,
                         UpdateTargetNetwork, UpdateWorkerWeights)
 from flowrl.ops.replay import UpdateReplayShardPriorities
+from flowrl.ops.shutdown import shut_down
 from flowrl.replay_buffers import make_replay_actors
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
+from flowrl.validation import bounded
 from flowrl.workers import RolloutWorker, WorkerSet, unresponsive_actors
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
@@ -50,20 +52,6 @@ __all__ = ["ApexConfig", "ApexPolicy", "per_worker_epsilon", "set_worker_epsilon
            "make_replay_shards", "make_owned_state", "plan", "ALGORITHM"]
 
 logger = logging.getLogger(__name__)
-
-
-def per_worker_epsilon(index: int, num_workers: int) -> float:
-    """Ape-X's exploration epsilon of sampling worker ``index`` of ``num_workers``: ``0.4 ** (1 + 7 i / (N - 1))``.
-
-    A single sampling worker (``num_workers <= 1``) gets 0.4, so the formula never divides by zero.
-
-    Examples:
-        >>> per_worker_epsilon(0, 1), per_worker_epsilon(0, 8), round(per_worker_epsilon(7, 8), 6)
-        (0.4, 0.4, 0.000655)
-    """
-    if num_workers <= 1:
-        return 0.4
-    return float(0.4 ** (1 + 7 * min(max(index, 0), num_workers - 1) / (num_workers - 1)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,8 +81,8 @@ class ApexConfig(DQNConfig):
     """
 
     num_workers: int = field(default_factory=num_workers_that_fit(32, "ApexConfig"))
-    num_replay_buffer_shards: int = 4
-    max_weight_sync_delay: int = 400
+    num_replay_buffer_shards: int = bounded(4, ge=1, meaning="replay shard actors")
+    max_weight_sync_delay: int = bounded(400, ge=1, meaning="steps a worker delivers between weight syncs")
     n_step: int = 3
     buffer_size: int = 2_000_000
     learning_starts: int = 50000
@@ -104,7 +92,7 @@ class ApexConfig(DQNConfig):
     timesteps_per_iteration: int = 1000
     worker_side_prioritization: bool = True
     replay_buffer_shards_colocated_with_driver: bool = True
-    learner_queue_size: int = 16
+    learner_queue_size: int = bounded(16, ge=1, meaning="replayed batches waiting for the learner")
 
     def __post_init__(self) -> None:
         check_finite_fields(self)  # before the num_gpus check below, which runs ahead of the inherited checks
@@ -112,12 +100,6 @@ class ApexConfig(DQNConfig):
             raise ValueError(f"num_gpus={self.num_gpus}: Ape-X trains on one learner device; use num_gpus=0 (CPU) "
                              f"or num_gpus=1")
         super().__post_init__()
-        for name, meaning in (("num_replay_buffer_shards", "replay shard actors"),
-                              ("max_weight_sync_delay", "steps a worker delivers between weight syncs"),
-                              ("learner_queue_size", "replayed batches waiting for the learner")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an int >= 1 ({meaning})")
 
     @property
     def worker_epsilons(self) -> list[float]:
@@ -144,46 +126,91 @@ class ApexConfig(DQNConfig):
         return [1.0, self.training_intensity / native_ratio]
 
 
-class ApexPolicy(DQNPolicy):
-    """The Ape-X policy: a :class:`~flowrl.algorithms.dqn.DQNPolicy` whose exploration epsilon is fixed per worker
-    and which, with ``worker_side_prioritization``, writes each sampled row's initial priority.
+def per_worker_epsilon(index: int, num_workers: int) -> float:
+    """Ape-X's exploration epsilon of sampling worker ``index`` of ``num_workers``: ``0.4 ** (1 + 7 i / (N - 1))``.
 
-    ``epsilon`` is :attr:`exploration_epsilon` (0.4 until :func:`set_worker_epsilons` assigns the worker's value);
-    DQN's annealing schedule is not used. The ``priorities`` column is ``|Q(s, a) - y| + eps`` with the n-step
-    target ``y`` bootstrapped from the worker's online network (its target network is never synced).
+    A single sampling worker (``num_workers <= 1``) gets 0.4, so the formula never divides by zero.
 
     Examples:
-        >>> import gymnasium as gym
-        >>> policy = ApexPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), ApexConfig(seed=0))
-        >>> policy.epsilon
-        0.4
-        >>> policy.exploration_epsilon = 0.01; policy.on_global_var_update({"timestep": 10**6}); policy.epsilon
-        0.01
+        >>> per_worker_epsilon(0, 1), per_worker_epsilon(0, 8), round(per_worker_epsilon(7, 8), 6)
+        (0.4, 0.4, 0.000655)
     """
+    if num_workers <= 1:
+        return 0.4
+    return float(0.4 ** (1 + 7 * min(max(index, 0), num_workers - 1) / (num_workers - 1)))
 
-    config: ApexConfig
 
-    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
-        super().__init__(observation_space, action_space, config)
-        self.exploration_epsilon = per_worker_epsilon(0, 1)
+def plan(workers: WorkerSet, config: ApexConfig, *,
+         replay_actors: list[Any] | None = None) -> LocalIterator[dict[str, Any]]:
+    """Ape-X: (1) store async rollouts in the shards, syncing each worker's weights every
+    ``max_weight_sync_delay`` steps; (2) replay from the shards into the learner thread; (3) priorities back to
+    the shards, count, update the target network; async (or round robin by training intensity), emitting (3).
+    Each report adds the learner's metrics and ``info["replay_shard_0"]``, shard 0's ``stats()``.
 
-    @property
-    def epsilon(self) -> float:
-        """The worker's fixed exploration epsilon."""
-        return self.exploration_epsilon
+    Examples:
+        >>> config = ApexConfig(seed=0, num_workers=0, num_replay_buffer_shards=1, learning_starts=64,
+        ...                     train_batch_size=32, buffer_size=1000, timesteps_per_iteration=100, min_iter_time_s=0)
+        >>> it = plan(WorkerSet(policy_class=ApexPolicy, config=config), config)
+        >>> import re
+        >>> print(re.sub(r"\\.(?=(combine|for_each|filter|zip_with_source_actor)\\()", "\\n  .", repr(it)))
+        LocalIterator[Concurrently(async, output_indexes=[2])[LocalIterator[ParallelRollouts(async)
+          .for_each(StoreToReplayBuffer(actors=1))], LocalIterator[Replay(actors=1)
+          .zip_with_source_actor()
+          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
+          .for_each(UpdateReplayShardPriorities)
+          .for_each(RecordLearnerOutput)
+          .for_each(UpdateTargetNetwork(500000))]]
+          .filter(ReportGate(100 steps, 0 s))
+          .for_each(CollectMetrics)
+          .for_each()
+          .for_each(AddReplayShardStats(replay_shard_0))]
+        >>> result = next(it)
+        >>> result["info"]["num_steps_trained"] % 32, result["info"]["replay_shard_0"]["num_added"] >= 64
+        (0, True)
+        >>> it.close()
+    """
+    own = make_replay_shards(config) if replay_actors is None else []
+    shards = list(replay_actors) if replay_actors is not None else own
+    learner = ApexLearnerThread(workers.local_worker(), learner_queue_size=config.learner_queue_size)
+    set_worker_epsilons(workers, config)
+    # (1) store rollouts in a shard; sync each delivering worker's weights every max_weight_sync_delay steps
+    store_op = ParallelRollouts(workers, mode="async", num_async=2).for_each(StoreToReplayBuffer(actors=shards))
+    if workers.remote_workers():
+        store_op = store_op.zip_with_source_actor().for_each(
+            UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
+    # (2) replay from the shards into the learner, each batch paired with its shard
+    replay_op = Replay(actors=shards, num_async=4)
+    if (hook := config.before_learn_on_batch) is not None:
+        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
+    enqueue_op = replay_op.zip_with_source_actor().for_each(Enqueue(learner.inqueue))
+    # (3) new priorities back to the shards, count what was trained, update the target network
+    update_op = (Dequeue(learner.outqueue, check=learner.is_alive)
+                 .for_each(UpdateReplayShardPriorities(learner, prioritized=config.prioritized_replay))
+                 .for_each(RecordLearnerOutput())
+                 .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True,
+                                               learner_thread=learner)))
+    if config.training_intensity is None:
+        merged = Concurrently([store_op, enqueue_op, update_op], mode="async", output_indexes=[2])
+    else:
+        merged = Concurrently([store_op, enqueue_op, update_op], mode="round_robin", output_indexes=[2],
+                              round_robin_weights=[*config.round_robin_weights, "*"])
+    n = len(workers.remote_workers())
+    selected = workers.remote_workers()[-math.ceil(n / 3):] if n else None
+    learner.start()
+    return (StandardMetricsReporting(merged, workers, config, selected_workers=selected)
+            .for_each(learner.add_learner_metrics)
+            .for_each(AddReplayShardStats(shards[0]))
+            .on_close(lambda: shut_down(learner, own)))
 
-    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
-        batch = super().postprocess_trajectory(batch)
-        if getattr(self.config, "worker_side_prioritization", False) and batch.count:
-            with torch.no_grad():
-                obs, next_obs = self._obs_tensor(batch[OBS]), self._obs_tensor(batch[NEXT_OBS])
-                q_B = self.model(obs).gather(1, torch.as_tensor(batch[ACTIONS], device=self.device).long()
-                                             .unsqueeze(1)).squeeze(1)
-                next_q_B = self.model(next_obs).max(dim=1).values
-            targets_B = np.asarray(batch[REWARDS], np.float32) + np.asarray(batch[NSTEP_DISCOUNTS], np.float32) * \
-                next_q_B.cpu().numpy()
-            batch[PRIORITIES] = np.abs(q_B.cpu().numpy() - targets_B) + self.config.prioritized_replay_eps
-        return batch
+
+def set_worker_epsilons(workers: WorkerSet, config: ApexConfig) -> None:
+    """Gives each remote worker ``i`` (index ``i + 1``) its :func:`per_worker_epsilon` ``(i, num_workers)``.
+
+    The local worker gets 0.4 when it samples (zero remote workers), else 0 (it is the learner's greedy
+    replica). A blocking ``foreach_worker`` call at plan build, so a recreated worker (same index) gets its
+    epsilon back when the trainer rebuilds the plan. Policies other than :class:`ApexPolicy` are left alone.
+    """
+    workers.foreach_worker(functools.partial(_set_epsilon, num_workers=config.num_workers))
 
 
 def _set_epsilon(worker: RolloutWorker, num_workers: int) -> None:
@@ -196,14 +223,23 @@ def _set_epsilon(worker: RolloutWorker, num_workers: int) -> None:
             policy.exploration_epsilon = epsilon
 
 
-def set_worker_epsilons(workers: WorkerSet, config: ApexConfig) -> None:
-    """Gives each remote worker ``i`` (index ``i + 1``) its :func:`per_worker_epsilon` ``(i, num_workers)``.
+def make_owned_state(config: ApexConfig) -> dict[str, Any]:
+    """What the trainer keeps across plan rebuilds: ``{"replay_actors": make_replay_shards(config)}``."""
+    return {"replay_actors": make_replay_shards(config)}
 
-    The local worker gets 0.4 when it samples (zero remote workers), else 0 (it is the learner's greedy
-    replica). A blocking ``foreach_worker`` call at plan build, so a recreated worker (same index) gets its
-    epsilon back when the trainer rebuilds the plan. Policies other than :class:`ApexPolicy` are left alone.
-    """
-    workers.foreach_worker(functools.partial(_set_epsilon, num_workers=config.num_workers))
+
+def make_replay_shards(config: ApexConfig) -> ReplayShards:
+    """The ``num_replay_buffer_shards`` replay actors the plan's sub-flows share (``num_cpus=0``, seeded from
+    ``seed``), able to replace a shard that dies (:meth:`ReplayShards.recreate`)."""
+    start = functools.partial(
+        make_replay_actors,
+        config.num_replay_buffer_shards, colocated_with_driver=config.replay_buffer_shards_colocated_with_driver,
+        learning_starts=config.learning_starts, capacity=config.buffer_size, replay_batch_size=config.train_batch_size,
+        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
+        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
+        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
+    return ReplayShards(start(), start=lambda indices: start(shard_indices=indices),
+                        capacity=config.buffer_size // config.num_replay_buffer_shards)
 
 
 class ReplayShards(list[Any]):
@@ -270,93 +306,46 @@ class ReplayShards(list[Any]):
         self.clear()
 
 
-def make_replay_shards(config: ApexConfig) -> ReplayShards:
-    """The ``num_replay_buffer_shards`` replay actors the plan's sub-flows share (``num_cpus=0``, seeded from
-    ``seed``), able to replace a shard that dies (:meth:`ReplayShards.recreate`)."""
-    start = functools.partial(
-        make_replay_actors,
-        config.num_replay_buffer_shards, colocated_with_driver=config.replay_buffer_shards_colocated_with_driver,
-        learning_starts=config.learning_starts, capacity=config.buffer_size, replay_batch_size=config.train_batch_size,
-        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
-        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
-        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
-    return ReplayShards(start(), start=lambda indices: start(shard_indices=indices),
-                        capacity=config.buffer_size // config.num_replay_buffer_shards)
+class ApexPolicy(DQNPolicy):
+    """The Ape-X policy: a :class:`~flowrl.algorithms.dqn.DQNPolicy` whose exploration epsilon is fixed per worker
+    and which, with ``worker_side_prioritization``, writes each sampled row's initial priority.
 
-
-def make_owned_state(config: ApexConfig) -> dict[str, Any]:
-    """What the trainer keeps across plan rebuilds: ``{"replay_actors": make_replay_shards(config)}``."""
-    return {"replay_actors": make_replay_shards(config)}
-
-
-def _shut_down(learner: ApexLearnerThread, own_actors: list[Any]) -> None:
-    learner.stop()
-    learner.join(timeout=30)
-    for actor in own_actors:
-        ray.kill(actor, no_restart=True)
-
-
-def plan(workers: WorkerSet, config: ApexConfig, *,
-         replay_actors: list[Any] | None = None) -> LocalIterator[dict[str, Any]]:
-    """Ape-X: (1) store async rollouts in the shards, syncing each worker's weights every
-    ``max_weight_sync_delay`` steps; (2) replay from the shards into the learner thread; (3) priorities back to
-    the shards, count, update the target network; async (or round robin by training intensity), emitting (3).
-    Each report adds the learner's metrics and ``info["replay_shard_0"]``, shard 0's ``stats()``.
+    ``epsilon`` is :attr:`exploration_epsilon` (0.4 until :func:`set_worker_epsilons` assigns the worker's value);
+    DQN's annealing schedule is not used. The ``priorities`` column is ``|Q(s, a) - y| + eps`` with the n-step
+    target ``y`` bootstrapped from the worker's online network (its target network is never synced).
 
     Examples:
-        >>> config = ApexConfig(seed=0, num_workers=0, num_replay_buffer_shards=1, learning_starts=64,
-        ...                     train_batch_size=32, buffer_size=1000, timesteps_per_iteration=100, min_iter_time_s=0)
-        >>> it = plan(WorkerSet(policy_class=ApexPolicy, config=config), config)
-        >>> import re
-        >>> print(re.sub(r"\\.(?=(combine|for_each|filter|zip_with_source_actor)\\()", "\\n  .", repr(it)))
-        LocalIterator[Concurrently(async, output_indexes=[2])[LocalIterator[ParallelRollouts(async)
-          .for_each(StoreToReplayBuffer(actors=1))], LocalIterator[Replay(actors=1)
-          .zip_with_source_actor()
-          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
-          .for_each(UpdateReplayShardPriorities)
-          .for_each(RecordLearnerOutput)
-          .for_each(UpdateTargetNetwork(500000))]]
-          .filter(ReportGate(100 steps, 0 s))
-          .for_each(CollectMetrics)
-          .for_each()
-          .for_each(AddReplayShardStats(replay_shard_0))]
-        >>> result = next(it)
-        >>> result["info"]["num_steps_trained"] % 32, result["info"]["replay_shard_0"]["num_added"] >= 64
-        (0, True)
-        >>> it.close()
+        >>> import gymnasium as gym
+        >>> policy = ApexPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), ApexConfig(seed=0))
+        >>> policy.epsilon
+        0.4
+        >>> policy.exploration_epsilon = 0.01; policy.on_global_var_update({"timestep": 10**6}); policy.epsilon
+        0.01
     """
-    own = make_replay_shards(config) if replay_actors is None else []
-    shards = list(replay_actors) if replay_actors is not None else own
-    learner = ApexLearnerThread(workers.local_worker(), learner_queue_size=config.learner_queue_size)
-    set_worker_epsilons(workers, config)
-    # (1) store rollouts in a shard; sync each delivering worker's weights every max_weight_sync_delay steps
-    store_op = ParallelRollouts(workers, mode="async", num_async=2).for_each(StoreToReplayBuffer(actors=shards))
-    if workers.remote_workers():
-        store_op = store_op.zip_with_source_actor().for_each(
-            UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
-    # (2) replay from the shards into the learner, each batch paired with its shard
-    replay_op = Replay(actors=shards, num_async=4)
-    if (hook := config.before_learn_on_batch) is not None:
-        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
-    enqueue_op = replay_op.zip_with_source_actor().for_each(Enqueue(learner.inqueue))
-    # (3) new priorities back to the shards, count what was trained, update the target network
-    update_op = (Dequeue(learner.outqueue, check=learner.is_alive)
-                 .for_each(UpdateReplayShardPriorities(learner, prioritized=config.prioritized_replay))
-                 .for_each(RecordLearnerOutput())
-                 .for_each(UpdateTargetNetwork(workers, config.target_network_update_freq, by_steps_trained=True,
-                                               learner_thread=learner)))
-    if config.training_intensity is None:
-        merged = Concurrently([store_op, enqueue_op, update_op], mode="async", output_indexes=[2])
-    else:
-        merged = Concurrently([store_op, enqueue_op, update_op], mode="round_robin", output_indexes=[2],
-                              round_robin_weights=[*config.round_robin_weights, "*"])
-    n = len(workers.remote_workers())
-    selected = workers.remote_workers()[-math.ceil(n / 3):] if n else None
-    learner.start()
-    return (StandardMetricsReporting(merged, workers, config, selected_workers=selected)
-            .for_each(learner.add_learner_metrics)
-            .for_each(AddReplayShardStats(shards[0]))
-            .on_close(lambda: _shut_down(learner, own)))
+
+    config: ApexConfig
+
+    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
+        super().__init__(observation_space, action_space, config)
+        self.exploration_epsilon = per_worker_epsilon(0, 1)
+
+    @property
+    def epsilon(self) -> float:
+        """The worker's fixed exploration epsilon."""
+        return self.exploration_epsilon
+
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        batch = super().postprocess_trajectory(batch)
+        if getattr(self.config, "worker_side_prioritization", False) and batch.count:
+            with torch.no_grad():
+                obs, next_obs = self._obs_tensor(batch[OBS]), self._obs_tensor(batch[NEXT_OBS])
+                q_B = self.model(obs).gather(1, torch.as_tensor(batch[ACTIONS], device=self.device).long()
+                                             .unsqueeze(1)).squeeze(1)
+                next_q_B = self.model(next_obs).max(dim=1).values
+            targets_B = np.asarray(batch[REWARDS], np.float32) + np.asarray(batch[NSTEP_DISCOUNTS], np.float32) * \
+                next_q_B.cpu().numpy()
+            batch[PRIORITIES] = np.abs(q_B.cpu().numpy() - targets_B) + self.config.prioritized_replay_eps
+        return batch
 
 
 ALGORITHM = Algorithm("apex", ApexConfig, ApexPolicy, plan, make_owned_state=make_owned_state)

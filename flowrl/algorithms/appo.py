@@ -20,7 +20,7 @@ Examples:
     >>> APPOConfig(clip_param=0)
     Traceback (most recent call last):
     ...
-    ValueError: clip_param=0 must be > 0, e.g. 0.4 (the surrogate clips pi / pi_target to [1 - clip, 1 + clip])
+    ValueError: clip_param=0 must be a number > 0 (e.g. 0.4; the surrogate clips pi / pi_target to [1 - clip, 1 + clip])
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ import torch
 
 from flowrl.algorithms import Algorithm
 from flowrl.algorithms import impala
+from flowrl.algorithms.actor_critic import adapt_kl_coeff
 from flowrl.algorithms.impala import IMPALAConfig, IMPALAPolicy
-from flowrl.algorithms.ppo import adapt_kl_coeff
 from flowrl.config import PolicyConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops.train import UpdateTargetAndKL
 from flowrl.policy import TensorBatch
 from flowrl.sample_batch import ACTIONS, LOGP, OBS
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["APPOConfig", "APPOPolicy", "plan", "ALGORITHM"]
@@ -64,24 +65,17 @@ class APPOConfig(IMPALAConfig):
     """
 
     replay_buffer_num_slots: int = 100
-    clip_param: float = 0.4
+    clip_param: float = bounded(
+        0.4, gt=0, meaning="e.g. 0.4; the surrogate clips pi / pi_target to [1 - clip, 1 + clip]")
     use_kl_loss: bool = False
-    kl_coeff: float = 1.0
-    kl_target: float = 0.01
+    kl_coeff: float = bounded(1.0, ge=0, meaning="it scales the KL loss; use_kl_loss=False turns it off")
+    kl_target: float = bounded(0.01, gt=0, meaning="the KL that update_kl steers towards, e.g. 0.01")
     after_train_step: Callable[[WorkerSet, IMPALAConfig], Callable[[Any], Any]] | None = UpdateTargetAndKL
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.clip_param > 0:
-            raise ValueError(f"clip_param={self.clip_param} must be > 0, e.g. 0.4 (the surrogate clips pi / pi_target "
-                             f"to [1 - clip, 1 + clip])")
         if not isinstance(self.use_kl_loss, bool):
             raise TypeError(f"use_kl_loss={self.use_kl_loss!r} must be a bool")
-        if not self.kl_coeff >= 0:
-            raise ValueError(f"kl_coeff={self.kl_coeff} must be >= 0 (it scales the KL loss; use_kl_loss=False "
-                             f"turns it off)")
-        if not self.kl_target > 0:
-            raise ValueError(f"kl_target={self.kl_target} must be > 0, e.g. 0.01")
         if self.after_train_step is None:
             raise ValueError("after_train_step=None: APPO's target network would never be refreshed; keep the "
                              "default UpdateTargetAndKL")
@@ -90,6 +84,24 @@ class APPOConfig(IMPALAConfig):
     def target_update_period(self) -> int:
         """Learner updates between target refreshes: ``num_sgd_iter x minibatch_buffer_size``."""
         return self.num_sgd_iter * self.minibatch_buffer_size
+
+
+def plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]]:
+    """APPO: IMPALA's plan, whose ``after_train_step`` -- ``UpdateTargetAndKL`` by default --
+    refreshes the target network (and KL coefficient) every ``target_update_period`` learner updates.
+
+    Examples:
+        >>> config = APPOConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
+        >>> it = plan(WorkerSet(policy_class=APPOPolicy, config=config), config)
+        >>> repr(it).split("]]")[1]
+        '.for_each(UpdateTargetAndKL(1)).filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics).for_each()]'
+        >>> next(it)["info"]["num_target_updates"] >= 1
+        True
+        >>> it.close()
+    """
+    if not isinstance(config, APPOConfig):
+        raise TypeError(f"APPO's plan needs an APPOConfig, got {type(config).__name__}")
+    return impala.plan(workers, config)
 
 
 class APPOPolicy(IMPALAPolicy):
@@ -184,24 +196,6 @@ class APPOPolicy(IMPALAPolicy):
         self.target_model.load_state_dict(
             {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
         self.kl_coeff = float(state["kl_coeff"])
-
-
-def plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]]:
-    """APPO: IMPALA's plan, whose ``after_train_step`` -- ``UpdateTargetAndKL`` by default --
-    refreshes the target network (and KL coefficient) every ``target_update_period`` learner updates.
-
-    Examples:
-        >>> config = APPOConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
-        >>> it = plan(WorkerSet(policy_class=APPOPolicy, config=config), config)
-        >>> repr(it).split("]]")[1]
-        '.for_each(UpdateTargetAndKL(1)).filter(ReportGate(0 steps, 0 s)).for_each(CollectMetrics).for_each()]'
-        >>> next(it)["info"]["num_target_updates"] >= 1
-        True
-        >>> it.close()
-    """
-    if not isinstance(config, APPOConfig):
-        raise TypeError(f"APPO's plan needs an APPOConfig, got {type(config).__name__}")
-    return impala.plan(workers, config)
 
 
 ALGORITHM = Algorithm("appo", APPOConfig, APPOPolicy, plan)

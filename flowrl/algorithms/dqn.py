@@ -33,10 +33,9 @@ import torch
 from torch import nn
 
 from flowrl.algorithms import Algorithm
-from flowrl.config import ModelConfig, PolicyConfig, TrainerConfig
+from flowrl.config import PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
-from flowrl.models import (_ACTIVATIONS, _NP_ACTIVATIONS, _block_diag, _ConvEncoder, _linears, _mlp, _np_dense,
-                           _NumpyMirror)
+from flowrl.models import NumpyQ, QModel
 from flowrl.ops import (Concurrently, ParallelRollouts, Replay, StandardMetricsReporting, StoreToReplayBuffer,
                         UpdatePriorities, UpdateTargetNetwork, train_one_step)
 from flowrl.policy import Policy, TensorBatch, column_tensor, make_adam
@@ -44,15 +43,13 @@ from flowrl.postprocessing import compute_nstep
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
                                  AnyBatch, SampleBatch)
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["DQNConfig", "QModel", "NumpyQ", "DQNPolicy", "NSTEP_DISCOUNTS", "make_replay_buffer", "make_owned_state",
            "plan", "ALGORITHM"]
 
 NSTEP_DISCOUNTS = "nstep_discounts"  # gamma^m of each row's n-step window, 0 where the window terminated
-
-# the columns the Q-loss reads (those present are converted to tensors, nothing else)
-_LOSS_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, NSTEP_DISCOUNTS, WEIGHTS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,53 +86,36 @@ class DQNConfig(TrainerConfig):
     train_batch_size: int = 32
     timesteps_per_iteration: int = 1000
     lr: float = 5e-4
-    adam_epsilon: float = 1e-8
+    adam_epsilon: float = bounded(1e-8, gt=0, meaning="Adam's epsilon")
     grad_clip: float | None = 40
     double_q: bool = True
     dueling: bool = True
     hiddens: tuple[int, ...] = (256,)
-    n_step: int = 1
-    huber_delta: float = 1.0
-    target_network_update_freq: int = 500
-    buffer_size: int = 50000
-    learning_starts: int = 1000
+    n_step: int = bounded(1, ge=1, meaning="steps per return, 1: one-step TD")
+    huber_delta: float = bounded(1.0, gt=0, meaning="the Huber loss is linear beyond it")
+    target_network_update_freq: int = bounded(500, ge=0, meaning="steps between target-network copies")
+    buffer_size: int = bounded(50000, ge=1, meaning="timesteps the replay buffer holds")
+    learning_starts: int = bounded(1000, ge=0, meaning="timesteps stored before the first replay")
     prioritized_replay: bool = True
     prioritized_replay_alpha: float = 0.6
-    prioritized_replay_beta: float = 0.4
-    prioritized_replay_eps: float = 1e-6
+    prioritized_replay_beta: float = bounded(0.4, ge=0, meaning="0: no importance weighting")
+    prioritized_replay_eps: float = bounded(1e-6, gt=0, meaning="added to |td_error| in each priority")
     replay_mode: Literal["independent", "lockstep"] = "independent"
-    replay_sequence_length: int = 1
-    initial_epsilon: float = 1.0
-    final_epsilon: float = 0.02
-    epsilon_timesteps: int = 10000
-    training_intensity: float | None = None
+    replay_sequence_length: int = bounded(1, ge=1, meaning="timesteps per stored item")
+    initial_epsilon: float = bounded(1.0, ge=0, le=1, meaning="the exploration probability at the start")
+    final_epsilon: float = bounded(0.02, ge=0, le=1, meaning="the exploration probability after the anneal")
+    epsilon_timesteps: int = bounded(10000, ge=0, meaning="sampled steps over which epsilon anneals")
+    training_intensity: float | None = bounded(
+        None, gt=0, meaning="trained steps per sampled step; None: one replay per store")
     before_learn_on_batch: Callable[[AnyBatch, WorkerSet, DQNConfig], AnyBatch] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, low, meaning in (("n_step", 1, "steps per return, 1: one-step TD"),
-                                   ("buffer_size", 1, "timesteps the replay buffer holds"),
-                                   ("learning_starts", 0, "timesteps stored before the first replay"),
-                                   ("target_network_update_freq", 0, "sampled steps between target copies"),
-                                   ("epsilon_timesteps", 0, "sampled steps over which epsilon anneals"),
-                                   ("replay_sequence_length", 1, "timesteps per stored item")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name}={value!r} must be an int >= {low} ({meaning})")
         if self.rollout_fragment_length < self.n_step:
             raise ValueError(f"rollout_fragment_length={self.rollout_fragment_length} is shorter than n_step="
                              f"{self.n_step}; raise rollout_fragment_length to at least {self.n_step}")
         if not all(isinstance(h, int) and h > 0 for h in self.hiddens):
             raise ValueError(f"hiddens={self.hiddens!r} must be positive ints, e.g. (256,), or () for linear heads")
-        for name in ("initial_epsilon", "final_epsilon"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a probability in [0, 1]")
-        for name in ("adam_epsilon", "huber_delta", "prioritized_replay_eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be > 0")
-        if not self.prioritized_replay_beta >= 0:
-            raise ValueError(f"prioritized_replay_beta={self.prioritized_replay_beta!r} must be >= 0 (0: no "
-                             f"importance weighting)")
         if self.replay_mode not in ("independent", "lockstep"):
             raise ValueError(f"replay_mode={self.replay_mode!r}; use 'independent' or 'lockstep'")
         if self.prioritized_replay:
@@ -149,9 +129,6 @@ class DQNConfig(TrainerConfig):
                 raise ValueError(f"prioritized_replay=True with the multi-device learner (num_gpus={self.num_gpus}) "
                                  f"is unsupported: MultiGPUTrainOneStep reports no per-row td_error; set "
                                  f"prioritized_replay=False or simple_optimizer=True")
-        if self.training_intensity is not None and not (0 < self.training_intensity < float("inf")):
-            raise ValueError(f"training_intensity={self.training_intensity!r} must be a finite number > 0 (trained "
-                             f"steps per sampled step), or None for one replay per store")
 
     @property
     def round_robin_weights(self) -> list[float]:
@@ -180,100 +157,57 @@ class DQNConfig(TrainerConfig):
         return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * timestep / self.epsilon_timesteps
 
 
-class QModel(nn.Module):
-    """``forward(obs) -> q_values [B, A]``: an MLP (or CNN + MLP) torso and a Q head, dueling or plain.
-
-    Dueling: ``Q(s, a) = V(s) + A(s, a) - mean_a A(s, a)``, with value and advantage heads of ``hiddens``.
-
-    Examples:
-        >>> model = QModel(gym.spaces.Box(-1, 1, (4,)), 3, ModelConfig(hidden_sizes=(8,)), hiddens=(5,), dueling=True)
-        >>> tuple(model(torch.zeros(2, 4)).shape)
-        (2, 3)
-    """
-
-    def __init__(self, obs_space: gym.spaces.Box, num_actions: int, config: ModelConfig, *,
-                 hiddens: tuple[int, ...], dueling: bool) -> None:
-        super().__init__()
-        act = _ACTIVATIONS[config.activation]
-        self.activation_name = config.activation
-        shape = tuple(obs_space.shape)
-        self.encoder: nn.Module
-        if len(shape) == 3:
-            conv = _ConvEncoder(shape, config.conv_filters, nn.ReLU, 255.0 if obs_space.dtype == np.uint8 else 1.0)
-            self.encoder, in_size = conv, conv.out_size
-        else:
-            self.encoder, in_size = nn.Flatten(), int(np.prod(shape))
-        torso = [in_size, *config.hidden_sizes]
-        self.torso = _mlp(torso, act)
-        head = [torso[-1], *hiddens]
-        self.advantage = nn.Sequential(_mlp(head, nn.ReLU), nn.Linear(head[-1], num_actions))
-        self.value = nn.Sequential(_mlp(head, nn.ReLU), nn.Linear(head[-1], 1)) if dueling else None
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        features = self.torso(self.encoder(obs.float() if obs.dtype != torch.uint8 else obs))
-        advantages_BA: torch.Tensor = self.advantage(features)
-        if self.value is None:
-            return advantages_BA
-        value_B1: torch.Tensor = self.value(features)
-        return value_B1 + advantages_BA - advantages_BA.mean(dim=-1, keepdim=True)
-
-
-class NumpyQ(_NumpyMirror):
-    """``Q(obs, .)`` of an MLP :class:`QModel` in numpy, for the small CPU batches that acting works on.
-
-    A worker acts on a few envs at a time, where torch's per-op dispatch costs several times the arithmetic
-    (a 64-64 dueling network on one observation: ~190 us through torch, ~25 us here). Like
-    :class:`~flowrl.models.NumpyActing`, the mirror reads the parameters as numpy views and re-reads them when
-    their torch version counters move or after :meth:`invalidate` (fused optimizer steps leave the counters
-    alone). The value and advantage heads run side by side through block-diagonal layers, and the dueling
-    combination ``V + A - mean(A)``, linear in the heads' last layers, is folded into one layer.
-    :meth:`build` returns ``None`` for a model it cannot mirror exactly (a CNN, a subclass, a GPU).
+def plan(workers: WorkerSet, config: DQNConfig, *,
+         replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
+    """DQN: (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
+    the target network; round robin by training intensity, emitting (2); report.
 
     Examples:
-        >>> model = QModel(gym.spaces.Box(-1, 1, (4,)), 3, ModelConfig(hidden_sizes=(8,)), hiddens=(5,), dueling=True)
-        >>> obs = np.ones((2, 4), np.float32)
-        >>> bool(np.allclose(NumpyQ.build(model).q_values(obs), model(torch.as_tensor(obs)).detach().numpy(),
-        ...                  atol=1e-6))
-        True
+        >>> config = DQNConfig(seed=0, learning_starts=64, timesteps_per_iteration=100, min_iter_time_s=0)
+        >>> it = plan(WorkerSet(policy_class=DQNPolicy, config=config), config)
+        >>> print(repr(it).replace(").", ") .").replace("])[", "]) [").replace("]].", "]] ."))
+        LocalIterator[Concurrently(round_robin, round_robin_weights=[1.0, 1.0], output_indexes=[1])
+            [LocalIterator[ParallelRollouts(bulk_sync) .for_each(StoreToReplayBuffer(local))],
+             LocalIterator[Replay(local) .for_each(TrainOneStep) .for_each(UpdatePriorities)
+                           .for_each(UpdateTargetNetwork(500))]]
+        .filter(ReportGate(100 steps, 0 s)) .for_each(CollectMetrics)]
+        >>> result = next(it)
+        >>> result["info"]["num_steps_sampled"] >= 100, result["info"]["num_steps_trained"] % 32
+        (True, 0)
     """
+    buf = replay_buffer if replay_buffer is not None else make_replay_buffer(config)
+    # (1) store rollouts
+    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buf))
+    # (2) replay into the learner
+    replay_op = Replay(local_buffer=buf)
+    if (hook := config.before_learn_on_batch) is not None:
+        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
+    train_op: LocalIterator[Any] = replay_op.for_each(train_one_step(workers, config))
+    if config.prioritized_replay:
+        train_op = train_op.for_each(UpdatePriorities(buf))
+    train_op = train_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
+    rounds = Concurrently([store_op, train_op], mode="round_robin", output_indexes=[1],
+                          round_robin_weights=config.round_robin_weights)
+    return StandardMetricsReporting(rounds, workers, config)
 
-    def __init__(self, model: QModel) -> None:
-        super().__init__(model)
-        self.model = model
-        self.activation = _NP_ACTIVATIONS[model.activation_name]
-        self._torso: list[tuple[np.ndarray, np.ndarray]] = []
-        self._heads: list[tuple[np.ndarray, np.ndarray]] = []  # [advantages | value] side by side, then Q
 
-    @staticmethod
-    def build(model: nn.Module) -> NumpyQ | None:
-        """A numpy mirror of ``model``, or ``None`` if it is not a plain MLP QModel on the CPU."""
-        if type(model) is not QModel or not isinstance(model.encoder, nn.Flatten):
-            return None
-        if any(p.device.type != "cpu" for p in model.parameters()):
-            return None
-        return NumpyQ(model)
+def make_owned_state(config: DQNConfig) -> dict[str, Any]:
+    """What the trainer keeps across plan rebuilds: ``{"replay_buffer": make_replay_buffer(config)}``."""
+    return {"replay_buffer": make_replay_buffer(config)}
 
-    def _read(self) -> None:
-        advantage, value = _linears(self.model.advantage), _linears(self.model.value)
-        heads = advantage
-        if value:  # both heads read the torso's features: their hidden layers side by side, block-diagonal
-            (*hidden_a, (w_a, b_a)), (*hidden_v, (w_v, b_v)) = advantage, value
-            heads = [(np.concatenate([a[0], v[0]], 1), np.concatenate([a[1], v[1]])) for a, v in
-                     zip(hidden_a[:1], hidden_v[:1])]
-            heads += [(_block_diag(a[0], v[0]), np.concatenate([a[1], v[1]]))
-                      for a, v in zip(hidden_a[1:], hidden_v[1:])]
-            # Q = V + A - mean(A) is linear in the last layers' weights: fold it into one [features, A] layer
-            w_a, b_a = w_a - w_a.mean(axis=1, keepdims=True), b_a - b_a.mean() + b_v
-            w_q = np.concatenate([w_a, np.repeat(w_v, w_a.shape[1], axis=1)]) if hidden_a else w_a + w_v
-            heads.append((w_q, b_a))
-        self._torso, self._heads = _linears(self.model.torso), heads
 
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """``Q(obs, .)`` ``[B, A]`` as float32, equal to the model's forward."""
-        self._refresh()
-        x = _np_dense(np.asarray(obs, np.float32).reshape(len(obs), -1), self._torso, self.activation)
-        x = _np_dense(x, self._heads[:-1], _NP_ACTIVATIONS["relu"])  # the heads' hidden layers are ReLU (QModel)
-        return _np_dense(x, self._heads[-1:], None)
+def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
+    """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``)."""
+    return LocalReplayBuffer(
+        num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
+        replay_batch_size=config.train_batch_size,
+        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
+        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
+        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
+
+
+# the columns the Q-loss reads (those present are converted to tensors, nothing else)
+_LOSS_COLUMNS = (OBS, ACTIONS, REWARDS, NEXT_OBS, TERMINATEDS, NSTEP_DISCOUNTS, WEIGHTS)
 
 
 class DQNPolicy(Policy):
@@ -447,55 +381,6 @@ class DQNPolicy(Policy):
                              f"restore a state saved by a DQNPolicy")
         self.target_model.load_state_dict(
             {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
-
-
-def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
-    """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``)."""
-    return LocalReplayBuffer(
-        num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
-        replay_batch_size=config.train_batch_size,
-        prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
-        prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
-        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
-
-
-def make_owned_state(config: DQNConfig) -> dict[str, Any]:
-    """What the trainer keeps across plan rebuilds: ``{"replay_buffer": make_replay_buffer(config)}``."""
-    return {"replay_buffer": make_replay_buffer(config)}
-
-
-def plan(workers: WorkerSet, config: DQNConfig, *,
-         replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
-    """DQN: (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
-    the target network; round robin by training intensity, emitting (2); report.
-
-    Examples:
-        >>> config = DQNConfig(seed=0, learning_starts=64, timesteps_per_iteration=100, min_iter_time_s=0)
-        >>> it = plan(WorkerSet(policy_class=DQNPolicy, config=config), config)
-        >>> print(repr(it).replace(").", ") .").replace("])[", "]) [").replace("]].", "]] ."))
-        LocalIterator[Concurrently(round_robin, round_robin_weights=[1.0, 1.0], output_indexes=[1])
-            [LocalIterator[ParallelRollouts(bulk_sync) .for_each(StoreToReplayBuffer(local))],
-             LocalIterator[Replay(local) .for_each(TrainOneStep) .for_each(UpdatePriorities)
-                           .for_each(UpdateTargetNetwork(500))]]
-        .filter(ReportGate(100 steps, 0 s)) .for_each(CollectMetrics)]
-        >>> result = next(it)
-        >>> result["info"]["num_steps_sampled"] >= 100, result["info"]["num_steps_trained"] % 32
-        (True, 0)
-    """
-    buf = replay_buffer if replay_buffer is not None else make_replay_buffer(config)
-    # (1) store rollouts
-    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buf))
-    # (2) replay into the learner
-    replay_op = Replay(local_buffer=buf)
-    if (hook := config.before_learn_on_batch) is not None:
-        replay_op = replay_op.for_each(lambda batch: hook(batch, workers, config))
-    train_op: LocalIterator[Any] = replay_op.for_each(train_one_step(workers, config))
-    if config.prioritized_replay:
-        train_op = train_op.for_each(UpdatePriorities(buf))
-    train_op = train_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
-    rounds = Concurrently([store_op, train_op], mode="round_robin", output_indexes=[1],
-                          round_robin_weights=config.round_robin_weights)
-    return StandardMetricsReporting(rounds, workers, config)
 
 
 ALGORITHM = Algorithm("dqn", DQNConfig, DQNPolicy, plan, make_owned_state=make_owned_state)

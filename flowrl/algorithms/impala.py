@@ -43,19 +43,16 @@ from flowrl.iter import LocalIterator, from_actors
 from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrently, CountFreshSteps, Dequeue, Enqueue,
                         LearnerThread, MixInReplay, MultiGPULearnerThread, ParallelRollouts, RecordLearnerOutput,
                         StandardMetricsReporting, make_aggregators)
+from flowrl.ops.shutdown import shut_down
 from flowrl.policy import Policy, TensorBatch
 from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
                                  SampleBatch)
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
-
-import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
 __all__ = ["IMPALAConfig", "IMPALAPolicy", "plan", "ALGORITHM"]
 
 logger = logging.getLogger(__name__)
-
-_POSITIVE_INTS = ("num_multi_gpu_tower_stacks", "minibatch_buffer_size", "num_sgd_iter", "learner_queue_size",
-                  "max_sample_requests_in_flight_per_worker", "broadcast_interval")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,21 +92,21 @@ class IMPALAConfig(TrainerConfig):
     rollout_fragment_length: int = 50
     train_batch_size: int = 500
     timesteps_per_iteration: int = 1000
-    num_multi_gpu_tower_stacks: int = 1
-    minibatch_buffer_size: int = 1
-    num_sgd_iter: int = 1
-    replay_proportion: float = 0.0
-    replay_buffer_num_slots: int = 0
-    learner_queue_size: int = 16
-    learner_queue_timeout: float = 300
-    max_sample_requests_in_flight_per_worker: int = 2
-    broadcast_interval: int = 1
-    num_aggregation_workers: int = 0
+    num_multi_gpu_tower_stacks: int = bounded(1, ge=1, meaning="batches the multi-GPU learner holds loaded")
+    minibatch_buffer_size: int = bounded(1, ge=1, meaning="train batches the learner thread cycles through")
+    num_sgd_iter: int = bounded(1, ge=1, meaning="passes over each train batch")
+    replay_proportion: float = bounded(0.0, ge=0, meaning="expected replays per fragment")
+    replay_buffer_num_slots: int = bounded(0, ge=0, meaning="fragments held for replay")
+    learner_queue_size: int = bounded(16, ge=1, meaning="train batches waiting for the learner")
+    learner_queue_timeout: float = bounded(300, gt=0, meaning="seconds of one wait of the learner on its empty queue")
+    max_sample_requests_in_flight_per_worker: int = bounded(2, ge=1, meaning="sample requests outstanding per worker")
+    broadcast_interval: int = bounded(1, ge=1, meaning="fragments between re-reads of the learner weights")
+    num_aggregation_workers: int = bounded(0, ge=0, meaning="0: no tree aggregation")
     after_train_step: Callable[[WorkerSet, IMPALAConfig], Callable[[Any], Any]] | None = None
-    vtrace_clip_rho_threshold: float = 1.0
-    vtrace_clip_pg_rho_threshold: float = 1.0
-    vf_loss_coeff: float = 0.5
-    entropy_coeff: float = 0.01
+    vtrace_clip_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
+    vtrace_clip_pg_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
+    vf_loss_coeff: float = bounded(0.5, ge=0, meaning="0 leaves the value head untrained")
+    entropy_coeff: float = bounded(0.01, ge=0, meaning="0 turns the entropy bonus off")
     grad_clip: float | None = 40.0
     lr: float = 0.0005
 
@@ -118,13 +115,7 @@ class IMPALAConfig(TrainerConfig):
         if self.batch_mode != "truncate_episodes":
             raise ValueError(f"batch_mode={self.batch_mode!r}: V-trace learns from fragments; use "
                              f"batch_mode='truncate_episodes'")
-        for name in _POSITIVE_INTS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int")
         n = self.num_aggregation_workers
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"num_aggregation_workers={n!r} must be an int >= 0 (0: no tree aggregation)")
         if n > 0 and self.num_workers == 0:
             raise ValueError(f"num_aggregation_workers={n} with num_workers=0: tree aggregation gathers remote "
                              f"rollout workers and there are none; set num_workers >= {n} or num_aggregation_workers=0")
@@ -135,23 +126,9 @@ class IMPALAConfig(TrainerConfig):
             logger.warning("num_aggregation_workers=%d is more than half of num_workers=%d, so most aggregators "
                            "serve a single worker and only add a hop; use num_aggregation_workers <= %d (0: the "
                            "driver gathers the workers itself)", n, self.num_workers, self.num_workers // 2)
-        if isinstance(self.replay_buffer_num_slots, bool) or not isinstance(self.replay_buffer_num_slots, int) \
-                or self.replay_buffer_num_slots < 0:
-            raise ValueError(f"replay_buffer_num_slots={self.replay_buffer_num_slots!r} must be an int >= 0")
-        if not self.replay_proportion >= 0:
-            raise ValueError(f"replay_proportion={self.replay_proportion} must be >= 0 (expected replays per fragment)")
         if self.replay_proportion > 0 and self.replay_buffer_num_slots == 0:
             raise ValueError(f"replay_proportion={self.replay_proportion} needs stored fragments, but "
                              f"replay_buffer_num_slots=0; raise replay_buffer_num_slots or set replay_proportion=0")
-        if not self.learner_queue_timeout > 0:
-            raise ValueError(f"learner_queue_timeout={self.learner_queue_timeout} must be > 0 seconds")
-        for name in ("vtrace_clip_rho_threshold", "vtrace_clip_pg_rho_threshold"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0 (1.0 is the paper's choice)")
-        if not self.vf_loss_coeff >= 0:
-            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
-        if not self.entropy_coeff >= 0:
-            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
         if self.after_train_step is not None and not callable(self.after_train_step):
             raise ValueError(f"after_train_step={self.after_train_step!r} must be a factory (workers, config) -> "
                              f"stage, or None")
@@ -174,37 +151,83 @@ class IMPALAConfig(TrainerConfig):
         return min(self.minibatch_buffer_size, self.num_multi_gpu_tower_stacks)
 
 
-def sequence_layout(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
-    """Cuts a flat train batch into contiguous trajectory pieces and lays them out time-major, left-padded.
+def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
+    """IMPALA: async rollouts -> weights to each delivering worker -> replay mix-in -> concat
+    -> learner thread; its output counted and reported.
 
-    A piece ends after a row that terminated or was truncated, before a change of ``eps_id`` or ``env_id``,
-    and before a row whose ``t`` is not the previous row's ``t + 1`` (a new fragment of another worker, or a
-    replayed one). Missing columns just do not cut.
+    With ``num_aggregation_workers = G > 0`` (tree aggregation) the rollout branch is G ``Aggregator`` actors, one
+    per round-robin group of workers, that each sync their workers' weights, mix in replay and concatenate; the
+    driver gathers their train batches, counts only the freshly sampled steps as sampled, sends each aggregator
+    the learner's weights and enqueues the batch. The plan kills the aggregators when it is closed.
 
-    Returns:
-        ``(time_index, piece_index, last_rows, L, P)``: row ``i`` sits at ``[time_index[i], piece_index[i]]``
-        of an ``[L, P]`` layout in which every piece ends at time ``L - 1``; ``last_rows`` are the rows that
-        end the ``P`` pieces.
+    Raises:
+        ValueError: tree aggregation without remote workers, or with fewer remote workers than aggregators.
+
+    Examples:
+        >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
+        >>> it = plan(WorkerSet(policy_class=IMPALAPolicy, config=config), config)
+        >>> import re
+        >>> print(re.sub(r"\\.(?=(combine|for_each|filter)\\()", "\\n  .", repr(it)))
+        LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelRollouts(async)
+          .combine(MixInReplay(0, 0.0))
+          .combine(ConcatBatches(100))
+          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
+          .for_each(RecordLearnerOutput)]]
+          .filter(ReportGate(0 steps, 0 s))
+          .for_each(CollectMetrics)
+          .for_each()]
+        >>> next(it)["info"]["num_steps_trained"] >= 100
+        True
+        >>> it.close()
     """
-    n = batch[REWARDS].shape[0]
-    device = batch[REWARDS].device
-    ends = torch.zeros(n, dtype=torch.bool, device=device)
-    ends[-1] = True
-    for done in (TERMINATEDS, TRUNCATEDS):
-        if done in batch:
-            ends |= batch[done].bool()
-    for column in (EPS_ID, ENV_ID):
-        if column in batch:
-            ends[:-1] |= batch[column][1:] != batch[column][:-1]
-    if T in batch:
-        ends[:-1] |= batch[T][1:] != batch[T][:-1] + 1
-    last_rows = torch.nonzero(ends).squeeze(1)
-    piece_index = torch.cumsum(ends, 0) - ends.long()  # the piece of each row
-    lengths = torch.diff(last_rows, prepend=last_rows.new_tensor([-1]))
-    first_rows = last_rows - lengths + 1
-    L = int(lengths.max())
-    time_index = (L - lengths[piece_index]) + (torch.arange(n, device=device) - first_rows[piece_index])
-    return time_index, piece_index, last_rows, L, int(last_rows.shape[0])
+    learner = _make_learner(workers, config)
+    aggregators: list[Any] = []
+    if config.num_aggregation_workers > 0:
+        # (1) tree aggregation: each aggregator gathers its group of workers, syncs their weights, mixes in replay
+        # and concatenates; the driver counts the fresh steps and sends the aggregator the learner's weights
+        if not workers.remote_workers():
+            raise ValueError(f"num_aggregation_workers={config.num_aggregation_workers} needs remote workers, but "
+                             f"the WorkerSet has none; build it with num_workers >= 1 or set num_aggregation_workers=0")
+        aggregators = make_aggregators(
+            ParallelRollouts(workers, mode="raw"), config.num_aggregation_workers,
+            train_batch_size=config.train_batch_size, count_steps_by=config.count_steps_by,
+            replay_buffer_num_slots=config.replay_buffer_num_slots, replay_proportion=config.replay_proportion,
+            num_async=config.max_sample_requests_in_flight_per_worker, seed=config.seed)
+        train_batches = (from_actors(aggregators, name=f"Aggregators[{len(aggregators)}]").gather_async()
+                         .zip_with_source_actor().for_each(CountFreshSteps())
+                         .for_each(BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval)))
+    else:
+        # (1) sample asynchronously, send each delivering worker the learner's weights, mix in replay, concat
+        frags = ParallelRollouts(workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker)
+        if workers.remote_workers():
+            frags = frags.zip_with_source_actor().for_each(
+                BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval))
+        train_batches = (frags
+                         .combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion,
+                                              seed=config.seed))
+                         .combine(ConcatBatches(config.train_batch_size, config.count_steps_by)))
+    enqueue_op = train_batches.for_each(Enqueue(learner.inqueue))
+    # (2) count what the learner trained, from its out-queue
+    dequeue_op = Dequeue(learner.outqueue, check=learner.is_alive).for_each(RecordLearnerOutput())
+    merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
+    if config.after_train_step is not None:
+        merged = merged.for_each(config.after_train_step(workers, config))
+    learner.start()
+    return (StandardMetricsReporting(merged, workers, config)
+            .for_each(learner.add_learner_metrics)
+            .on_close(lambda: shut_down(learner, aggregators)))
+
+
+def _make_learner(workers: WorkerSet, config: IMPALAConfig) -> LearnerThread | MultiGPULearnerThread:
+    """The learner thread (not started): the multi-GPU variant unless ``simple_optimizer``."""
+    if config.use_simple_optimizer:
+        return LearnerThread(workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
+                             num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
+                             learner_queue_timeout=config.learner_queue_timeout)
+    return MultiGPULearnerThread(
+        workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
+        num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
+        learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
 
 
 class IMPALAPolicy(Policy):
@@ -282,90 +305,37 @@ class IMPALAPolicy(Policy):
         return total, dict(zip(("policy_loss", "vf_loss", "entropy", "mean_rho"), parts))
 
 
-def _make_learner(workers: WorkerSet, config: IMPALAConfig) -> LearnerThread | MultiGPULearnerThread:
-    """The learner thread (not started): the multi-GPU variant unless ``simple_optimizer``."""
-    if config.use_simple_optimizer:
-        return LearnerThread(workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
-                             num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
-                             learner_queue_timeout=config.learner_queue_timeout)
-    return MultiGPULearnerThread(
-        workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
-        num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
-        learner_queue_size=config.learner_queue_size, learner_queue_timeout=config.learner_queue_timeout)
+def sequence_layout(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """Cuts a flat train batch into contiguous trajectory pieces and lays them out time-major, left-padded.
 
+    A piece ends after a row that terminated or was truncated, before a change of ``eps_id`` or ``env_id``,
+    and before a row whose ``t`` is not the previous row's ``t + 1`` (a new fragment of another worker, or a
+    replayed one). Missing columns just do not cut.
 
-def _shut_down(learner: LearnerThread | MultiGPULearnerThread, aggregators: list[Any]) -> None:
-    learner.stop()
-    learner.join(timeout=30)
-    for aggregator in aggregators:
-        ray.kill(aggregator, no_restart=True)
-
-
-def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, Any]]:
-    """IMPALA: async rollouts -> weights to each delivering worker -> replay mix-in -> concat
-    -> learner thread; its output counted and reported.
-
-    With ``num_aggregation_workers = G > 0`` (tree aggregation) the rollout branch is G ``Aggregator`` actors, one
-    per round-robin group of workers, that each sync their workers' weights, mix in replay and concatenate; the
-    driver gathers their train batches, counts only the freshly sampled steps as sampled, sends each aggregator
-    the learner's weights and enqueues the batch. The plan kills the aggregators when it is closed.
-
-    Raises:
-        ValueError: tree aggregation without remote workers, or with fewer remote workers than aggregators.
-
-    Examples:
-        >>> config = IMPALAConfig(seed=0, num_workers=0, train_batch_size=100, timesteps_per_iteration=0)
-        >>> it = plan(WorkerSet(policy_class=IMPALAPolicy, config=config), config)
-        >>> import re
-        >>> print(re.sub(r"\\.(?=(combine|for_each|filter)\\()", "\\n  .", repr(it)))
-        LocalIterator[Concurrently(async, output_indexes=[1])[LocalIterator[ParallelRollouts(async)
-          .combine(MixInReplay(0, 0.0))
-          .combine(ConcatBatches(100))
-          .for_each(Enqueue(maxsize=16))], LocalIterator[Dequeue
-          .for_each(RecordLearnerOutput)]]
-          .filter(ReportGate(0 steps, 0 s))
-          .for_each(CollectMetrics)
-          .for_each()]
-        >>> next(it)["info"]["num_steps_trained"] >= 100
-        True
-        >>> it.close()
+    Returns:
+        ``(time_index, piece_index, last_rows, L, P)``: row ``i`` sits at ``[time_index[i], piece_index[i]]``
+        of an ``[L, P]`` layout in which every piece ends at time ``L - 1``; ``last_rows`` are the rows that
+        end the ``P`` pieces.
     """
-    learner = _make_learner(workers, config)
-    aggregators: list[Any] = []
-    if config.num_aggregation_workers > 0:
-        # (1) tree aggregation: each aggregator gathers its group of workers, syncs their weights, mixes in replay
-        # and concatenates; the driver counts the fresh steps and sends the aggregator the learner's weights
-        if not workers.remote_workers():
-            raise ValueError(f"num_aggregation_workers={config.num_aggregation_workers} needs remote workers, but "
-                             f"the WorkerSet has none; build it with num_workers >= 1 or set num_aggregation_workers=0")
-        aggregators = make_aggregators(
-            ParallelRollouts(workers, mode="raw"), config.num_aggregation_workers,
-            train_batch_size=config.train_batch_size, count_steps_by=config.count_steps_by,
-            replay_buffer_num_slots=config.replay_buffer_num_slots, replay_proportion=config.replay_proportion,
-            num_async=config.max_sample_requests_in_flight_per_worker, seed=config.seed)
-        train_batches = (from_actors(aggregators, name=f"Aggregators[{len(aggregators)}]").gather_async()
-                         .zip_with_source_actor().for_each(CountFreshSteps())
-                         .for_each(BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval)))
-    else:
-        # (1) sample asynchronously, send each delivering worker the learner's weights, mix in replay, concat
-        frags = ParallelRollouts(workers, mode="async", num_async=config.max_sample_requests_in_flight_per_worker)
-        if workers.remote_workers():
-            frags = frags.zip_with_source_actor().for_each(
-                BroadcastUpdateLearnerWeights(learner, workers, config.broadcast_interval))
-        train_batches = (frags
-                         .combine(MixInReplay(config.replay_buffer_num_slots, config.replay_proportion,
-                                              seed=config.seed))
-                         .combine(ConcatBatches(config.train_batch_size, config.count_steps_by)))
-    enqueue_op = train_batches.for_each(Enqueue(learner.inqueue))
-    # (2) count what the learner trained, from its out-queue
-    dequeue_op = Dequeue(learner.outqueue, check=learner.is_alive).for_each(RecordLearnerOutput())
-    merged = Concurrently([enqueue_op, dequeue_op], mode="async", output_indexes=[1])
-    if config.after_train_step is not None:
-        merged = merged.for_each(config.after_train_step(workers, config))
-    learner.start()
-    return (StandardMetricsReporting(merged, workers, config)
-            .for_each(learner.add_learner_metrics)
-            .on_close(lambda: _shut_down(learner, aggregators)))
+    n = batch[REWARDS].shape[0]
+    device = batch[REWARDS].device
+    ends = torch.zeros(n, dtype=torch.bool, device=device)
+    ends[-1] = True
+    for done in (TERMINATEDS, TRUNCATEDS):
+        if done in batch:
+            ends |= batch[done].bool()
+    for column in (EPS_ID, ENV_ID):
+        if column in batch:
+            ends[:-1] |= batch[column][1:] != batch[column][:-1]
+    if T in batch:
+        ends[:-1] |= batch[T][1:] != batch[T][:-1] + 1
+    last_rows = torch.nonzero(ends).squeeze(1)
+    piece_index = torch.cumsum(ends, 0) - ends.long()  # the piece of each row
+    lengths = torch.diff(last_rows, prepend=last_rows.new_tensor([-1]))
+    first_rows = last_rows - lengths + 1
+    L = int(lengths.max())
+    time_index = (L - lengths[piece_index]) + (torch.arange(n, device=device) - first_rows[piece_index])
+    return time_index, piece_index, last_rows, L, int(last_rows.shape[0])
 
 
 ALGORITHM = Algorithm("impala", IMPALAConfig, IMPALAPolicy, plan)

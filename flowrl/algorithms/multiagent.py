@@ -56,21 +56,6 @@ _SHARED_FIELDS = ("env", "env_config", "num_workers", "num_envs_per_worker", "ro
 _AGENT_INDEX = re.compile(r"(\d+)$")
 
 
-def alternate_policies(agent_id: str) -> str:
-    """The default policy mapping: agents with an even trailing index play ``ppo_policy``, odd ones
-    ``dqn_policy`` (``agent_0`` -> PPO, ``agent_1`` -> DQN, ...).
-
-    Raises:
-        ValueError: ``agent_id`` does not end in a number; pass your own ``policy_mapping_fn``.
-    """
-    match = _AGENT_INDEX.search(agent_id)
-    if match is None:
-        raise ValueError(f"alternate_policies: agent id {agent_id!r} does not end in an index, so it cannot be "
-                         f"mapped alternately; give MultiAgentConfig a policy_mapping_fn (agent id -> "
-                         f"{PPO_POLICY!r} or {DQN_POLICY!r})")
-    return PPO_POLICY if int(match.group(1)) % 2 == 0 else DQN_POLICY
-
-
 def _default_ppo() -> PPOConfig:
     # learns MultiAgentCartPole's PPO agents in tens of thousands of env steps (RLlib's PPO defaults are tuned
     # for 4000-step batches: lr 5e-5 and 30 epochs)
@@ -140,9 +125,19 @@ class MultiAgentConfig(TrainerConfig):
         return self.dqn.round_robin_weights
 
 
-def make_owned_state(config: MultiAgentConfig) -> dict[str, Any]:
-    """What the trainer keeps across plan rebuilds: the DQN branch's replay buffer (from ``config.dqn``)."""
-    return {"replay_buffer": make_replay_buffer(config.dqn)}
+def alternate_policies(agent_id: str) -> str:
+    """The default policy mapping: agents with an even trailing index play ``ppo_policy``, odd ones
+    ``dqn_policy`` (``agent_0`` -> PPO, ``agent_1`` -> DQN, ...).
+
+    Raises:
+        ValueError: ``agent_id`` does not end in a number; pass your own ``policy_mapping_fn``.
+    """
+    match = _AGENT_INDEX.search(agent_id)
+    if match is None:
+        raise ValueError(f"alternate_policies: agent id {agent_id!r} does not end in an index, so it cannot be "
+                         f"mapped alternately; give MultiAgentConfig a policy_mapping_fn (agent id -> "
+                         f"{PPO_POLICY!r} or {DQN_POLICY!r})")
+    return PPO_POLICY if int(match.group(1)) % 2 == 0 else DQN_POLICY
 
 
 def plan(workers: WorkerSet, config: MultiAgentConfig, *,
@@ -183,6 +178,11 @@ def plan(workers: WorkerSet, config: MultiAgentConfig, *,
     # (3) both branches run; the DQN branch's outputs drive the reports
     merged = Concurrently([ppo_train, dqn_train], mode="async", output_indexes=[1])
     return StandardMetricsReporting(merged, workers, config)
+
+
+def make_owned_state(config: MultiAgentConfig) -> dict[str, Any]:
+    """What the trainer keeps across plan rebuilds: the DQN branch's replay buffer (from ``config.dqn``)."""
+    return {"replay_buffer": make_replay_buffer(config.dqn)}
 
 
 ALGORITHM = Algorithm("multiagent", MultiAgentConfig, PPOPolicy, plan, make_owned_state=make_owned_state)

@@ -52,6 +52,31 @@ class PGConfig(TrainerConfig):
     timesteps_per_iteration: int = 1000
 
 
+def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
+    """PG: sample in lockstep, concat to ``train_batch_size``, train + broadcast, report.
+
+    Any :class:`~flowrl.config.TrainerConfig` works, so another algorithm's policy can run under this plan.
+
+    Examples:
+        >>> workers = WorkerSet(policy_class=PGPolicy, config=PGConfig(seed=0))
+        >>> it = plan(workers, PGConfig(seed=0))
+        >>> repr(it).startswith("LocalIterator[ParallelRollouts(bulk_sync).combine(ConcatBatches(200))"
+        ...                     ".for_each(TrainOneStep)")
+        True
+        >>> next(it)["timesteps_total"]  # a report covers timesteps_per_iteration=1000 env steps: 5 batches
+        1000
+    """
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    train_op = (rollouts
+                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
+                .for_each(train_one_step(workers, config)))
+    return StandardMetricsReporting(train_op, workers, config)
+
+
+#: the name this stage had before it became :func:`flowrl.ops.train_one_step` (kept for existing imports)
+train_step = train_one_step
+
+
 class PGPolicy(Policy):
     """REINFORCE: each step's discounted return-to-go weights the log-likelihood of its action.
 
@@ -82,31 +107,6 @@ class PGPolicy(Policy):
         dist = self.action_distribution(self.model(batch[OBS])[0])
         policy_loss = -(dist.logp(batch[ACTIONS]) * batch[RETURNS]).mean()
         return policy_loss, {"entropy": float(dist.entropy().detach().mean())}
-
-
-#: the name this stage had before it became :func:`flowrl.ops.train_one_step` (kept for existing imports)
-train_step = train_one_step
-
-
-def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
-    """PG: sample in lockstep, concat to ``train_batch_size``, train + broadcast, report.
-
-    Any :class:`~flowrl.config.TrainerConfig` works, so another algorithm's policy can run under this plan.
-
-    Examples:
-        >>> workers = WorkerSet(policy_class=PGPolicy, config=PGConfig(seed=0))
-        >>> it = plan(workers, PGConfig(seed=0))
-        >>> repr(it).startswith("LocalIterator[ParallelRollouts(bulk_sync).combine(ConcatBatches(200))"
-        ...                     ".for_each(TrainOneStep)")
-        True
-        >>> next(it)["timesteps_total"]  # a report covers timesteps_per_iteration=1000 env steps: 5 batches
-        1000
-    """
-    rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    train_op = (rollouts
-                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
-                .for_each(train_one_step(workers, config)))
-    return StandardMetricsReporting(train_op, workers, config)
 
 
 ALGORITHM = Algorithm("pg", PGConfig, PGPolicy, plan)

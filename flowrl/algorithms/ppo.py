@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from flowrl.algorithms import Algorithm
+from flowrl.algorithms.actor_critic import adapt_kl_coeff
 from flowrl.config import PolicyConfig, TrainerConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields, StandardMetricsReporting,
@@ -37,12 +38,10 @@ from flowrl.policy import Policy, TensorBatch, column_tensor
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS,
                                  REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
+from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
 __all__ = ["PPOConfig", "PPOPolicy", "adapt_kl_coeff", "plan", "ALGORITHM"]
-
-# the columns PPO's loss reads; the learner converts only these to tensors
-_LOSS_COLUMNS = (OBS, ACTIONS, LOGP, ACTION_DIST_INPUTS, VF_PREDS, ADVANTAGES, VALUE_TARGETS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,57 +71,61 @@ class PPOConfig(TrainerConfig):
     infinite_ok_fields: ClassVar[frozenset[str]] = frozenset({"vf_clip_param"})
 
     train_batch_size: int = 4000
-    sgd_minibatch_size: int = 128
-    num_sgd_iter: int = 30
+    sgd_minibatch_size: int = bounded(128, ge=1, meaning="rows per SGD minibatch")
+    num_sgd_iter: int = bounded(30, ge=1, meaning="epochs per batch")
     shuffle_sequences: bool = True
     lr: float = 5e-5
     use_gae: bool = True
-    lambda_: float = 1.0
-    kl_coeff: float = 0.2
-    kl_target: float = 0.01
-    clip_param: float = 0.3
-    vf_clip_param: float = 10.0
-    vf_loss_coeff: float = 1.0
-    entropy_coeff: float = 0.0
+    lambda_: float = bounded(1.0, ge=0, le=1, meaning="1.0: Monte Carlo advantages, 0.0: one-step TD errors")
+    kl_coeff: float = bounded(0.2, ge=0, meaning="0 turns the KL penalty off")
+    kl_target: float = bounded(0.01, gt=0, meaning="the KL the penalty steers towards, e.g. 0.01")
+    clip_param: float = bounded(0.3, gt=0, meaning="the surrogate's ratio clip, e.g. 0.2 or 0.3")
+    vf_clip_param: float = bounded(10.0, gt=0, meaning="float('inf') turns value clipping off")
+    vf_loss_coeff: float = bounded(1.0, ge=0, meaning="0 leaves the value head untrained")
+    entropy_coeff: float = bounded(0.0, ge=0, meaning="0 turns the entropy bonus off")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name, meaning in (("sgd_minibatch_size", "rows per SGD minibatch"), ("num_sgd_iter", "epochs per batch")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int ({meaning})")
         if self.sgd_minibatch_size > self.train_batch_size:
             raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} exceeds train_batch_size="
                              f"{self.train_batch_size}; lower sgd_minibatch_size or raise train_batch_size")
-        if not 0.0 <= self.lambda_ <= 1.0:
-            raise ValueError(f"lambda_={self.lambda_} must be in [0, 1] (1.0: Monte Carlo advantages, 0.0: one-step "
-                             f"TD errors)")
-        if not self.kl_coeff >= 0:
-            raise ValueError(f"kl_coeff={self.kl_coeff} must be >= 0 (0 turns the KL penalty off)")
-        if not self.kl_target > 0:
-            raise ValueError(f"kl_target={self.kl_target} must be > 0, e.g. 0.01")
-        if not self.clip_param > 0:
-            raise ValueError(f"clip_param={self.clip_param} must be > 0, e.g. 0.2 or 0.3")
-        if not self.vf_clip_param > 0:
-            raise ValueError(f"vf_clip_param={self.vf_clip_param} must be > 0 (float('inf') turns value clipping off)")
-        if not self.vf_loss_coeff >= 0:
-            raise ValueError(f"vf_loss_coeff={self.vf_loss_coeff} must be >= 0 (0 leaves the value head untrained)")
-        if not self.entropy_coeff >= 0:
-            raise ValueError(f"entropy_coeff={self.entropy_coeff} must be >= 0 (0 turns the entropy bonus off)")
 
 
-def adapt_kl_coeff(kl_coeff: float, sampled_kl: float, kl_target: float) -> float:
-    """RLlib's adaptive KL penalty: x1.5 above ``2 * kl_target``, x0.5 below ``kl_target / 2``.
+def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
+    """PPO: sample in lockstep, keep trained policies, concat, standardize advantages,
+    minibatch SGD + broadcast, adapt KL; report and check reward scales.
 
     Examples:
-        >>> adapt_kl_coeff(0.2, 0.05, 0.01), adapt_kl_coeff(0.2, 0.001, 0.01), adapt_kl_coeff(0.2, 0.01, 0.01)
-        (0.30000000000000004, 0.1, 0.2)
+        >>> config = PPOConfig(seed=0, num_workers=0, train_batch_size=200, sgd_minibatch_size=50, num_sgd_iter=2)
+        >>> it = plan(WorkerSet(policy_class=PPOPolicy, config=config), config)
+        >>> for stage in repr(it).split("."):
+        ...     print(stage)
+        LocalIterator[ParallelRollouts(bulk_sync)
+        for_each(SelectExperiences(['default_policy']))
+        combine(ConcatBatches(200))
+        for_each(StandardizeFields(['advantages']))
+        for_each(TrainOneStep)
+        for_each(UpdateKL)
+        filter(ReportGate(0 steps, 0 s))
+        for_each(CollectMetrics)
+        for_each(WarnAboutBadRewardScales)]
+        >>> next(it)["info"]["num_steps_trained"]
+        200
     """
-    if sampled_kl > 2.0 * kl_target:
-        return kl_coeff * 1.5
-    if sampled_kl < 0.5 * kl_target:
-        return kl_coeff * 0.5
-    return kl_coeff
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    learn = train_one_step(workers, config, num_sgd_iter=config.num_sgd_iter,
+                           sgd_minibatch_size=config.sgd_minibatch_size, shuffle_sequences=config.shuffle_sequences)
+    train_op = (rollouts
+                .for_each(SelectExperiences(workers.local_worker().policies_to_train))
+                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
+                .for_each(StandardizeFields([ADVANTAGES]))
+                .for_each(learn)
+                .for_each(UpdateKL(workers)))  # reads the train op's (batch, learner_info) output
+    return StandardMetricsReporting(train_op, workers, config).for_each(WarnAboutBadRewardScales(config))
+
+
+# the columns PPO's loss reads; the learner converts only these to tensors
+_LOSS_COLUMNS = (OBS, ACTIONS, LOGP, ACTION_DIST_INPUTS, VF_PREDS, ADVANTAGES, VALUE_TARGETS)
 
 
 class PPOPolicy(Policy):
@@ -218,39 +221,6 @@ class PPOPolicy(Policy):
             raise ValueError(f"PPOPolicy.set_state: the state has no 'kl_coeff' (keys {sorted(state)}); restore "
                              f"a state saved by a PPOPolicy")
         self.kl_coeff = float(state["kl_coeff"])
-
-
-def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
-    """PPO: sample in lockstep, keep trained policies, concat, standardize advantages,
-    minibatch SGD + broadcast, adapt KL; report and check reward scales.
-
-    Examples:
-        >>> config = PPOConfig(seed=0, num_workers=0, train_batch_size=200, sgd_minibatch_size=50, num_sgd_iter=2)
-        >>> it = plan(WorkerSet(policy_class=PPOPolicy, config=config), config)
-        >>> for stage in repr(it).split("."):
-        ...     print(stage)
-        LocalIterator[ParallelRollouts(bulk_sync)
-        for_each(SelectExperiences(['default_policy']))
-        combine(ConcatBatches(200))
-        for_each(StandardizeFields(['advantages']))
-        for_each(TrainOneStep)
-        for_each(UpdateKL)
-        filter(ReportGate(0 steps, 0 s))
-        for_each(CollectMetrics)
-        for_each(WarnAboutBadRewardScales)]
-        >>> next(it)["info"]["num_steps_trained"]
-        200
-    """
-    rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    learn = train_one_step(workers, config, num_sgd_iter=config.num_sgd_iter,
-                           sgd_minibatch_size=config.sgd_minibatch_size, shuffle_sequences=config.shuffle_sequences)
-    train_op = (rollouts
-                .for_each(SelectExperiences(workers.local_worker().policies_to_train))
-                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
-                .for_each(StandardizeFields([ADVANTAGES]))
-                .for_each(learn)
-                .for_each(UpdateKL(workers)))  # reads the train op's (batch, learner_info) output
-    return StandardMetricsReporting(train_op, workers, config).for_each(WarnAboutBadRewardScales(config))
 
 
 ALGORITHM = Algorithm("ppo", PPOConfig, PPOPolicy, plan)

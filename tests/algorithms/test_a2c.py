@@ -37,10 +37,10 @@ def test_config_has_a2c_defaults() -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"lambda_": 1.5}, "lambda_=1.5 must be in [0, 1]"),
-    ({"vf_loss_coeff": -1.0}, "vf_loss_coeff=-1.0 must be >= 0"),
-    ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be >= 0"),
-    ({"microbatch_size": 0}, "microbatch_size=0 must be a positive int"),
+    ({"lambda_": 1.5}, "lambda_=1.5 must be a number in [0, 1] (1.0: Monte Carlo advantages"),
+    ({"vf_loss_coeff": -1.0}, "vf_loss_coeff=-1.0 must be a number >= 0 (0 leaves the value head untrained)"),
+    ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be a number >= 0 (0 turns the entropy bonus off)"),
+    ({"microbatch_size": 0}, "microbatch_size=0 must be an int >= 1, or None (steps per microbatch"),
     ({"microbatch_size": 20, "num_gpus": 2, "fake_gpus": True}, "set microbatch_size=None or simple_optimizer=True"),
     ({"grad_clip": 0.0}, "grad_clip=0.0 must be a number > 0, or None"),
 ])

@@ -79,7 +79,7 @@ def test_config_has_apex_defaults() -> None:
     ({"max_weight_sync_delay": 0}, "max_weight_sync_delay=0 must be an int >= 1"),
     ({"learner_queue_size": 0}, "learner_queue_size=0 must be an int >= 1"),
     ({"num_gpus": 2}, "num_gpus=2: Ape-X trains on one learner device; use num_gpus=0 (CPU) or num_gpus=1"),
-    ({"training_intensity": 0}, "training_intensity=0 must be a finite number > 0"),
+    ({"training_intensity": 0}, "training_intensity=0 must be a number > 0, or None"),
     ({"n_step": 60}, "rollout_fragment_length=50 is shorter than n_step=60; raise rollout_fragment_length"),
 ])
 def test_config_validation_names_field_value_and_fix(kwargs: dict[str, Any], message: str) -> None:

@@ -43,13 +43,14 @@ def test_config_has_appo_defaults_over_impala() -> None:
 
 
 @pytest.mark.parametrize("settings, error, message", [
-    ({"clip_param": 0.0}, ValueError, "clip_param=0.0 must be > 0"),
-    ({"kl_coeff": -1.0}, ValueError, "kl_coeff=-1.0 must be >= 0"),
-    ({"kl_target": 0.0}, ValueError, "kl_target=0.0 must be > 0, e.g. 0.01"),
+    ({"clip_param": 0.0}, ValueError, "clip_param=0.0 must be a number > 0 (e.g. 0.4; the surrogate clips"),
+    ({"kl_coeff": -1.0}, ValueError, "kl_coeff=-1.0 must be a number >= 0"),
+    ({"kl_target": 0.0}, ValueError, "kl_target=0.0 must be a number > 0 (the KL that update_kl steers towards, "
+                                       "e.g. 0.01)"),
     ({"use_kl_loss": 1}, TypeError, "use_kl_loss=1 must be a bool"),
     ({"after_train_step": None}, ValueError, "after_train_step=None: APPO's target network would never be refreshed"),
     ({"batch_mode": "complete_episodes"}, ValueError, "use batch_mode='truncate_episodes'"),  # IMPALA's own checks
-    ({"num_sgd_iter": 0}, ValueError, "num_sgd_iter=0 must be a positive int"),
+    ({"num_sgd_iter": 0}, ValueError, "num_sgd_iter=0 must be an int >= 1"),
 ])
 def test_config_validation_names_field_value_and_fix(settings: dict[str, Any], error: type[Exception],
                                                      message: str) -> None:

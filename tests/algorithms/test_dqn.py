@@ -59,17 +59,18 @@ def test_config_has_dqn_defaults_and_is_frozen() -> None:
     ({"buffer_size": 0}, "buffer_size=0 must be an int >= 1"),
     ({"learning_starts": -1}, "learning_starts=-1 must be an int >= 0"),
     ({"target_network_update_freq": 2.5}, "target_network_update_freq=2.5 must be an int >= 0"),
-    ({"training_intensity": 0}, "training_intensity=0 must be a finite number > 0"),
-    ({"training_intensity": -2.0}, "training_intensity=-2.0 must be a finite number > 0"),
+    ({"training_intensity": 0}, "training_intensity=0 must be a number > 0, or None (trained steps per sampled step"),
+    ({"training_intensity": -2.0}, "training_intensity=-2.0 must be a number > 0, or None"),
     ({"training_intensity": math.inf}, "training_intensity=inf must be a finite number, or None"),
-    ({"final_epsilon": 1.5}, "final_epsilon=1.5 must be a probability in [0, 1]"),
+    ({"final_epsilon": 1.5}, "final_epsilon=1.5 must be a number in [0, 1] (the exploration probability"),
     ({"prioritized_replay_alpha": 0.0}, "prioritized_replay_alpha=0.0 must be > 0 with prioritized_replay=True; "
                                         "raise it (e.g. 0.6) or set prioritized_replay=False"),
-    ({"prioritized_replay_beta": -0.1}, "prioritized_replay_beta=-0.1 must be >= 0"),
+    ({"prioritized_replay_beta": -0.1}, "prioritized_replay_beta=-0.1 must be a number >= 0 (0: no importance "
+                                        "weighting)"),
     ({"replay_mode": "lockstep"}, "set prioritized_replay=False or replay_mode='independent'"),
     ({"num_gpus": 2, "fake_gpus": True}, "set prioritized_replay=False or simple_optimizer=True"),
     ({"hiddens": (0,)}, "hiddens=(0,) must be positive ints"),
-    ({"huber_delta": 0.0}, "huber_delta=0.0 must be > 0"),
+    ({"huber_delta": 0.0}, "huber_delta=0.0 must be a number > 0"),
 ])
 def test_config_validation_names_field_value_and_fix(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

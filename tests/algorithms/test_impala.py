@@ -52,14 +52,15 @@ def test_config_has_impala_defaults() -> None:
                                                        "none; set num_workers >= 1 or num_aggregation_workers=0"),
     ({"num_aggregation_workers": -1}, "num_aggregation_workers=-1 must be an int >= 0"),
     ({"replay_proportion": 0.5}, "replay_proportion=0.5 needs stored fragments, but replay_buffer_num_slots=0"),
-    ({"replay_proportion": -1.0}, "replay_proportion=-1.0 must be >= 0"),
-    ({"learner_queue_size": 0}, "learner_queue_size=0 must be a positive int"),
-    ({"max_sample_requests_in_flight_per_worker": 0}, "max_sample_requests_in_flight_per_worker=0 must be a "
-                                                      "positive int"),
-    ({"broadcast_interval": 0}, "broadcast_interval=0 must be a positive int"),
-    ({"learner_queue_timeout": 0}, "learner_queue_timeout=0 must be > 0 seconds"),
-    ({"vtrace_clip_rho_threshold": 0.0}, "vtrace_clip_rho_threshold=0.0 must be > 0"),
-    ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be >= 0"),
+    ({"replay_proportion": -1.0}, "replay_proportion=-1.0 must be a number >= 0 (expected replays per fragment)"),
+    ({"learner_queue_size": 0}, "learner_queue_size=0 must be an int >= 1"),
+    ({"max_sample_requests_in_flight_per_worker": 0}, "max_sample_requests_in_flight_per_worker=0 must be an "
+                                                      "int >= 1 (sample requests outstanding per worker)"),
+    ({"broadcast_interval": 0}, "broadcast_interval=0 must be an int >= 1"),
+    ({"learner_queue_timeout": 0}, "learner_queue_timeout=0 must be a number > 0 (seconds"),
+    ({"vtrace_clip_rho_threshold": 0.0}, "vtrace_clip_rho_threshold=0.0 must be a number > 0 (1.0 is the paper's "
+                                         "choice)"),
+    ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be a number >= 0"),
 ])
 def test_config_validation_names_field_value_and_fix(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -53,16 +53,16 @@ def test_config_has_rllib_ppo_defaults_and_is_frozen() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"train_batch_size": 100}, "sgd_minibatch_size=128 exceeds train_batch_size=100; lower sgd_minibatch_size or "
                                 "raise train_batch_size"),
-    ({"sgd_minibatch_size": 0}, "sgd_minibatch_size=0 must be a positive int (rows per SGD minibatch)"),
-    ({"num_sgd_iter": 0}, "num_sgd_iter=0 must be a positive int (epochs per batch)"),
-    ({"num_sgd_iter": 2.5}, "num_sgd_iter=2.5 must be a positive int"),
-    ({"lambda_": 1.5}, "lambda_=1.5 must be in [0, 1]"),
-    ({"kl_coeff": -0.1}, "kl_coeff=-0.1 must be >= 0 (0 turns the KL penalty off)"),
-    ({"kl_target": 0.0}, "kl_target=0.0 must be > 0"),
-    ({"clip_param": 0.0}, "clip_param=0.0 must be > 0"),
-    ({"vf_clip_param": -1.0}, "vf_clip_param=-1.0 must be > 0 (float('inf') turns value clipping off)"),
-    ({"vf_loss_coeff": -1.0}, "vf_loss_coeff=-1.0 must be >= 0"),
-    ({"entropy_coeff": -0.01}, "entropy_coeff=-0.01 must be >= 0"),
+    ({"sgd_minibatch_size": 0}, "sgd_minibatch_size=0 must be an int >= 1 (rows per SGD minibatch)"),
+    ({"num_sgd_iter": 0}, "num_sgd_iter=0 must be an int >= 1 (epochs per batch)"),
+    ({"num_sgd_iter": 2.5}, "num_sgd_iter=2.5 must be an int >= 1"),
+    ({"lambda_": 1.5}, "lambda_=1.5 must be a number in [0, 1]"),
+    ({"kl_coeff": -0.1}, "kl_coeff=-0.1 must be a number >= 0 (0 turns the KL penalty off)"),
+    ({"kl_target": 0.0}, "kl_target=0.0 must be a number > 0 (the KL the penalty steers towards, e.g. 0.01)"),
+    ({"clip_param": 0.0}, "clip_param=0.0 must be a number > 0"),
+    ({"vf_clip_param": -1.0}, "vf_clip_param=-1.0 must be a number > 0 (float('inf') turns value clipping off)"),
+    ({"vf_loss_coeff": -1.0}, "vf_loss_coeff=-1.0 must be a number >= 0"),
+    ({"entropy_coeff": -0.01}, "entropy_coeff=-0.01 must be a number >= 0"),
     ({"lr": 0.0}, "lr=0.0 must be a number > 0"),
 ])
 def test_config_validation_names_field_value_and_fix(kwargs: dict[str, Any], message: str) -> None:

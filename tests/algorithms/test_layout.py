@@ -1,0 +1,53 @@
+"""Every algorithm file reads "what" before "how", and algorithms import each other only to extend or compose."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from flowrl.algorithms import ALGORITHMS, get_algorithm
+
+# algorithm -> the algorithms it builds on (APPO extends IMPALA, Ape-X extends DQN, the composition runs PPO and
+# DQN); shared pieces live in modules that register no algorithm (actor_critic, vtrace)
+EXTENDS = {"apex": {"dqn"}, "appo": {"impala"}, "multiagent": {"dqn", "ppo"}}
+
+
+def top_level(name: str) -> tuple[ast.Module, list[str]]:
+    path = Path(importlib.import_module(ALGORITHMS[name]).__file__ or "")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            names.append(node.targets[0].id)
+    return tree, names
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_config_plan_owned_state_policy_registration_in_that_order(name: str) -> None:
+    algorithm = get_algorithm(name)
+    module = ALGORITHMS[name]
+    _, names = top_level(name)
+    wanted = [algorithm.config_class.__name__ if algorithm.config_class.__module__ == module else None, "plan",
+              "make_owned_state" if algorithm.make_owned_state is not None else None,
+              algorithm.policy_class.__name__ if algorithm.policy_class.__module__ == module else None]
+    present = [n for n in wanted if n is not None]
+    assert [names.index(n) for n in present] == sorted(names.index(n) for n in present), (name, present, names)
+    assert names[-1] == "ALGORITHM"
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_algorithms_import_each_other_only_to_extend_or_compose(name: str) -> None:
+    tree, _ = top_level(name)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            if node.module == "flowrl.algorithms":
+                imported |= {alias.name for alias in node.names if alias.name in ALGORITHMS}
+            elif node.module.startswith("flowrl.algorithms."):
+                imported.add(node.module.rsplit(".", 1)[1])
+    assert imported & set(ALGORITHMS) == EXTENDS.get(name, set())
