@@ -154,7 +154,16 @@ class Policy:
     #: episode, with the same result. ``False`` (the safe default for a new hook): one call per episode piece.
     postprocess_spans_episodes: ClassVar[bool] = False
 
+    #: the config class this policy's settings come from; :meth:`__init__` refuses any other config with a
+    #: ``TypeError`` that names it (a subclass sets its algorithm's config, e.g. ``config_class = PPOConfig``).
+    config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
+        if not isinstance(config, self.config_class):
+            wanted = self.config_class.__name__
+            raise TypeError(f"{type(self).__name__} needs {'an' if wanted[0] in 'AEIOU' else 'a'} {wanted} for its "
+                            f"settings, got {type(config).__name__}; build the workers with {wanted}(...) or a "
+                            f"config that extends it")
         self.observation_space, self.action_space, self.config = observation_space, action_space, config
         self.device = _check_device(config.device)
         self.dist_class, _ = dist_class_for(action_space)

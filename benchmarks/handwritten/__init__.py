@@ -3,7 +3,7 @@
 The RLlib Flow paper (https://arxiv.org/abs/2011.12719) compares each execution plan with the hand-written
 distributed code it replaced, written over the same workers and policies, and reports 2-9x fewer lines for
 the plans. These modules are that hand-written side for flowrl: each ``train(workers, config)`` drives
-the same :class:`~flowrl.workers.WorkerSet`, policies, configs, postprocessing and replay actors as the plan
+the same :class:`~flowrl.workers.WorkerSet`, policies, configs, postprocessing and replay shards as the plan
 in ``flowrl/algorithms/<name>.py``, directly on Ray actors (``.remote()``, ``ray.get``/``ray.wait`` loops,
 ``ray.put`` weight broadcasts), without ``flowrl.iter``, ``flowrl.ops`` or ``flowrl.trainer``. So the only
 difference from a plan is the execution code, and each yields one result dict per iteration as a plan does.

@@ -1,7 +1,7 @@
 """Hand-written Ape-X on Ray actors: the reference for flowrl's Ape-X plan in the lines-of-code benchmark.
 
 The same algorithm and numerics as ``flowrl.algorithms.apex.plan`` over the same
-``WorkerSet``, ``ApexPolicy``, ``ApexConfig``, per-worker epsilons and ``ReplayActor`` shards, written without
+``WorkerSet``, ``ApexPolicy``, ``ApexConfig``, per-worker epsilons and ``ReplayShard`` actors, written without
 flowrl's iterators, operators or trainer. One driver loop takes turns at three jobs:
 
 1. store: each worker keeps two sample requests in flight; a fragment goes to a random shard with fewer

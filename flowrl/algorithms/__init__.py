@@ -20,7 +20,9 @@ Examples:
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -31,18 +33,18 @@ if TYPE_CHECKING:
 
 __all__ = ["Algorithm", "ALGORITHMS", "get_algorithm"]
 
-# name -> module; a module defines ALGORITHM. Add new algorithms here.
-ALGORITHMS: dict[str, str] = {
-    "pg": "flowrl.algorithms.pg",
-    "a2c": "flowrl.algorithms.a2c",
-    "a3c": "flowrl.algorithms.a3c",
-    "ppo": "flowrl.algorithms.ppo",
-    "dqn": "flowrl.algorithms.dqn",
-    "apex": "flowrl.algorithms.apex",
-    "impala": "flowrl.algorithms.impala",
-    "appo": "flowrl.algorithms.appo",
-    "multiagent": "flowrl.algorithms.multiagent",
-}
+def _discover() -> dict[str, str]:
+    """name -> module for every module in this package that assigns ``ALGORITHM`` at its top level, found by
+    reading the source (nothing is imported): adding ``flowrl/algorithms/<name>.py`` registers ``<name>``."""
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if not path.stem.startswith("_") and re.search(r"^ALGORITHM\s*[:=]", path.read_text(), re.M):
+            found[path.stem] = f"{__name__}.{path.stem}"
+    return found
+
+
+#: name -> module; each module defines ``ALGORITHM = Algorithm("<name>", ...)`` under its own file name.
+ALGORITHMS: dict[str, str] = _discover()
 
 
 @dataclass(frozen=True)
@@ -76,4 +78,7 @@ def get_algorithm(name: str) -> Algorithm:
     algorithm = importlib.import_module(module).ALGORITHM
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"{module}.ALGORITHM must be an Algorithm(...), got {type(algorithm).__name__}")
+    if algorithm.name != name.lower():
+        raise ValueError(f"{module}.ALGORITHM is named {algorithm.name!r}; name it after its file: "
+                         f"Algorithm({name.lower()!r}, ...)")
     return algorithm

@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from flowrl.config import PolicyConfig, TrainerConfig
+from flowrl.config import TrainerConfig
 from flowrl.policy import Policy, TensorBatch
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTIONS, ADVANTAGES, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS,
@@ -89,14 +89,9 @@ class ActorCriticPolicy(Policy):
     """
 
     config: ActorCriticConfig
+    config_class = ActorCriticConfig
 
     postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
-
-    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
-        if not isinstance(config, ActorCriticConfig):
-            raise TypeError(f"{type(self).__name__} needs an ActorCriticConfig (A2CConfig or A3CConfig) for its loss "
-                            f"settings, got {type(config).__name__}; build the workers with A2CConfig(...)")
-        super().__init__(observation_space, action_space, config)
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         cfg = self.config

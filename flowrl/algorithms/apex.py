@@ -1,7 +1,7 @@
 """Ape-X DQN: distributed prioritized replay as a plan (RLlib Flow, https://arxiv.org/abs/2011.12719; Ape-X,
 https://arxiv.org/abs/1803.00933).
 
-Dataflow: three sub-flows share ``num_replay_buffer_shards`` trainer-owned ``ReplayActor``\\ s
+Dataflow: three sub-flows share ``num_replay_buffer_shards`` trainer-owned ``ReplayShard``\\ s
 and one ``ApexLearnerThread``. (1) Workers sample asynchronously, each fragment is stored in a random shard, and a
 worker gets fresh weights once it has delivered ``max_weight_sync_delay`` steps. (2) Each shard replays batches
 into the learner's in-queue, paired with the shard. (3) The learner's out-queue sends new priorities back to that
@@ -41,7 +41,7 @@ from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, De
                         UpdateTargetNetwork, UpdateWorkerWeights)
 from flowrl.ops.replay import UpdateReplayShardPriorities
 from flowrl.ops.shutdown import shut_down
-from flowrl.replay_buffers import make_replay_actors
+from flowrl import replay_buffers
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
 from flowrl.validation import bounded
 from flowrl.workers import RolloutWorker, WorkerSet, unresponsive_actors
@@ -63,7 +63,7 @@ class ApexConfig(DQNConfig):
             :func:`~flowrl.config.num_workers_that_fit`); worker ``i`` of ``N`` explores with
             :func:`per_worker_epsilon` ``(i, N)`` (see :attr:`worker_epsilons`); 0: the driver samples, ε = 0.4.
         num_gpus: the learner's devices: 0 (CPU, the default) or 1.
-        num_replay_buffer_shards: ``ReplayActor`` shards (4), each with ``1/shards`` of ``buffer_size`` and
+        num_replay_buffer_shards: ``ReplayShard`` actors (4), each with ``1/shards`` of ``buffer_size`` and
             ``learning_starts``.
         max_weight_sync_delay: steps a worker delivers between two weight syncs (400).
         n_step (3), buffer_size (2,000,000), learning_starts (50000), train_batch_size (512),
@@ -229,10 +229,10 @@ def make_owned_state(config: ApexConfig) -> dict[str, Any]:
 
 
 def make_replay_shards(config: ApexConfig) -> ReplayShards:
-    """The ``num_replay_buffer_shards`` replay actors the plan's sub-flows share (``num_cpus=0``, seeded from
+    """The ``num_replay_buffer_shards`` replay shards the plan's sub-flows share (``num_cpus=0``, seeded from
     ``seed``), able to replace a shard that dies (:meth:`ReplayShards.recreate`)."""
     start = functools.partial(
-        make_replay_actors,
+        replay_buffers.make_replay_shards,
         config.num_replay_buffer_shards, colocated_with_driver=config.replay_buffer_shards_colocated_with_driver,
         learning_starts=config.learning_starts, capacity=config.buffer_size, replay_batch_size=config.train_batch_size,
         prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
@@ -254,7 +254,7 @@ class ReplayShards(list[Any]):
 
     Args:
         shards: the shard actor handles, in shard order.
-        start: starts the listed shards again, as they were first started (``make_replay_actors`` with
+        start: starts the listed shards again, as they were first started (``flowrl.replay_buffers.make_replay_shards`` with
             ``shard_indices=``); ``None``: a dead shard cannot be replaced.
         capacity: what one shard holds, in env steps (for the warning of :meth:`recreate`).
     """

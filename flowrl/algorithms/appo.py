@@ -133,14 +133,12 @@ class APPOPolicy(IMPALAPolicy):
     """
 
     config: APPOConfig
+    config_class = APPOConfig
 
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
-        if not isinstance(config, APPOConfig):
-            raise TypeError(f"APPOPolicy needs an APPOConfig for its loss settings, got {type(config).__name__}; "
-                            f"build the workers with APPOConfig(...)")
         super().__init__(observation_space, action_space, config)
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
-        self.kl_coeff = float(config.kl_coeff)
+        self.kl_coeff = float(self.config.kl_coeff)
         self._target_lock = threading.Lock()  # the learner thread learns while the driver refreshes the target
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:

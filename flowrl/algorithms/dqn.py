@@ -251,14 +251,12 @@ class DQNPolicy(Policy):
     """
 
     config: DQNConfig
+    config_class = DQNConfig
     model: QModel  # type: ignore[assignment]  # DQN replaces the base actor-critic model by a Q-network
 
     postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
 
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
-        if not isinstance(config, DQNConfig):
-            raise TypeError(f"DQNPolicy needs a DQNConfig for its Q-learning settings, got {type(config).__name__}; "
-                            f"build the workers with DQNConfig(...)")
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"DQN needs a Discrete action space, got {action_space}; use an algorithm for "
                              f"continuous actions (e.g. PPO) or discretize the env's actions")
@@ -266,6 +264,7 @@ class DQNPolicy(Policy):
             raise ValueError(f"DQNPolicy needs a Box observation space, got {observation_space}")
         super().__init__(observation_space, action_space, config)
         self.num_actions = int(action_space.n)
+        config = self.config  # a DQNConfig: Policy.__init__ checked it
         with torch.random.fork_rng(devices=[]):
             if config.seed is not None:
                 torch.manual_seed(config.seed)

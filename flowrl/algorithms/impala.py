@@ -38,7 +38,7 @@ import torch
 
 from flowrl.algorithms import Algorithm
 from flowrl.algorithms.vtrace import VTraceReturns, vtrace
-from flowrl.config import PolicyConfig, TrainerConfig
+from flowrl.config import TrainerConfig
 from flowrl.iter import LocalIterator, from_actors
 from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrently, CountFreshSteps, Dequeue, Enqueue,
                         LearnerThread, MixInReplay, MultiGPULearnerThread, ParallelRollouts, RecordLearnerOutput,
@@ -258,12 +258,7 @@ class IMPALAPolicy(Policy):
     """
 
     config: IMPALAConfig
-
-    def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
-        if not isinstance(config, IMPALAConfig):
-            raise TypeError(f"IMPALAPolicy needs an IMPALAConfig for its loss settings, got {type(config).__name__}; "
-                            f"build the workers with IMPALAConfig(...)")
-        super().__init__(observation_space, action_space, config)
+    config_class = IMPALAConfig
 
     @torch.no_grad()
     def vtrace_targets(self, batch: TensorBatch, logp: torch.Tensor, values: torch.Tensor) -> VTraceReturns:

@@ -163,15 +163,13 @@ class PPOPolicy(Policy):
     """
 
     config: PPOConfig
+    config_class = PPOConfig
 
     postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
 
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
-        if not isinstance(config, PPOConfig):
-            raise TypeError(f"PPOPolicy needs a PPOConfig for its loss settings, got {type(config).__name__}; "
-                            f"build the workers with PPOConfig(...)")
         super().__init__(observation_space, action_space, config)
-        self.kl_coeff = float(config.kl_coeff)
+        self.kl_coeff = float(self.config.kl_coeff)
 
     # -- postprocessing ---------------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:

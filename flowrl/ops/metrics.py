@@ -545,13 +545,13 @@ class AddReplayShardStats:
     Metrics: none (the result dict only).
 
     Args:
-        shard: a replay shard actor (:class:`~flowrl.replay_buffers.ReplayActor`).
+        shard: a replay shard actor (:class:`~flowrl.replay_buffers.ReplayShard`).
         key: the ``info`` key (``"replay_shard_0"``).
         timeout_s: the longest one report waits for the shard, > 0.
 
     Examples:
-        >>> from flowrl.replay_buffers import make_replay_actors
-        >>> [shard] = make_replay_actors(1, learning_starts=0, capacity=10)
+        >>> from flowrl.replay_buffers import make_replay_shards
+        >>> [shard] = make_replay_shards(1, learning_starts=0, capacity=10)
         >>> op = AddReplayShardStats(shard, timeout_s=60)  # (a new actor answers once it has started)
         >>> result = op({"info": {}})
         >>> result["info"]["replay_shard_0"]["num_added"], result["info"]["replay_shard_0"]["capacity"]
@@ -562,7 +562,7 @@ class AddReplayShardStats:
     def __init__(self, shard: Any, key: str = "replay_shard_0", timeout_s: float = 1.0) -> None:
         if not callable(getattr(getattr(shard, "stats", None), "remote", None)):
             raise TypeError(f"AddReplayShardStats needs a replay shard actor (stats.remote()), got "
-                            f"{type(shard).__name__}; pass one of the plan's replay actors")
+                            f"{type(shard).__name__}; pass one of the plan's replay shards")
         check_number("AddReplayShardStats timeout_s", timeout_s, gt=0, meaning="seconds to wait for a shard's stats")
         self.shard, self.key, self.timeout_s = shard, key, timeout_s
         self.stats: dict[str, Any] = {}
