@@ -22,6 +22,8 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
   and ``ppo_time_to_450_vs_minimal`` (flowrl / minimal, medians of training seconds to a smoothed return of 450;
   a run that never gets there counts as infinitely slow).
 - ``dqn``: flowrl DQN (``dqn_cartpole.py``) beside Stable-Baselines3 and RLlib DQN with flowrl's DQN defaults.
+- ``segment_tree`` (not in ``all``): prioritized replay's sum/min trees against a plain recursive Python tree,
+  scalar and batched paths (``benchmarks/segment_tree.py``).
 - ``iter_overhead`` (not in ``all``): flowrl's gathers against the *best* hand-written Ray loops over sleeping
   shard actors (``benchmarks/iter_overhead.py``).
 - a system's own name (``ppo_cartpole``, ``minimal_ppo``, ``sb3_ppo``, ``rllib_ppo_2x1``, ...) runs its rounds alone.
@@ -105,8 +107,9 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo": ("ppo_cartpole", "minimal_ppo", "sb3_ppo", "rllib_ppo_2x1", "rllib_ppo_2x4"),
     "dqn": ("dqn_cartpole", "sb3_dqn", "rllib_dqn"),
     **{name: (name,) for name in SYSTEMS}}
-SCRIPTS = ("rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc", "iter_overhead")
-ALL = (*SCRIPTS[:-1], "ppo", "dqn")
+SCRIPTS = ("rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc", "segment_tree",
+           "iter_overhead")
+ALL = (*SCRIPTS[:-2], "ppo", "dqn")  # the microbenchmarks segment_tree and iter_overhead run by name only
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
 
 
