@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAP = ROOT / "docs" / "ARCHITECTURE.md"
+MAP = ROOT / "docs/ARCHITECTURE.md"
 
 
 @dataclass(frozen=True)

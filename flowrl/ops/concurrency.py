@@ -193,7 +193,7 @@ class Enqueue(MetricsBinding):
         >>> Enqueue(q)(3)
         Traceback (most recent call last):
         ...
-        flowrl.iter.RetryLater
+        flowrl.iter.stages.RetryLater
     """
 
     def __init__(self, output_queue: queue.Queue[Any]) -> None:

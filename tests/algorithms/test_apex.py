@@ -241,7 +241,8 @@ def test_the_three_sub_flows_all_progress() -> None:
         assert info["num_steps_sampled"] >= 600 and stats["num_added"] > SMALL.learning_starts
         # (2) replay -> learner and (3) update: trained batches counted from the out-queue, priorities sent back
         assert info["num_learner_updates"] > 0 and info["num_steps_trained"] == 20 * info["num_learner_updates"]
-        assert info["num_steps_trained"] == sum(workers.local_worker().learn_calls)
+        # the learner thread trained at least what the report counts (it keeps training queued batches after it)
+        assert 0 < info["num_steps_trained"] <= sum(workers.local_worker().learn_calls)
         deadline = time.monotonic() + 30
         while ray.get(shards[0].stats.remote())["policy_default_policy"]["max_priority"] == 1.0:
             assert time.monotonic() < deadline, "no priority update reached the shard"

@@ -640,10 +640,13 @@ def test_broadcast_update_learner_weights_in_an_async_stream(fake_workers: Calla
     ws = fake_workers(2, rollout_fragment_length=10)
     learner = stand_in_learner()
     op = BroadcastUpdateLearnerWeights(learner, ws, broadcast_interval=1)
-    it = ParallelRollouts(ws, mode="async").zip_with_source_actor().for_each(op)
+    sources: list[Any] = []  # which worker produced each fragment: async order depends on the machine's load
+    it = (ParallelRollouts(ws, mode="async").zip_with_source_actor()
+          .for_each(lambda pair: sources.append(pair[0]) or pair).for_each(op))
     assert [b.count for b in it.take(4)] == [10] * 4
     assert it.metrics.counters[STEPS_SAMPLED_COUNTER] == 40
-    assert all(len(record(a)["set_weights_calls"]) == 3 for a in ws.remote_workers())  # 2 syncs + 1 send
+    for actor in ws.remote_workers():  # 2 syncs, and 1 send once it produced a fragment, however many it produced
+        assert len(record(actor)["set_weights_calls"]) == 2 + (actor in sources), sources.count(actor)
 
 
 # -- MultiGPUTrainOneStep -----------------------------------------------------------------------------
