@@ -1,4 +1,5 @@
-"""Every algorithm file reads "what" before "how", and algorithms import each other only to extend or compose."""
+"""Every algorithm file reads "what" before "how", algorithms import each other only to extend or compose, and
+every plan fits its line limit."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flowrl.algorithms import ALGORITHMS, get_algorithm
+from flowrl.testing import plan_lines
 
 # algorithm -> the algorithms it builds on (APPO extends IMPALA, Ape-X extends DQN, the composition runs PPO and
 # DQN); shared pieces live in modules that register no algorithm (actor_critic, vtrace)
@@ -51,3 +53,12 @@ def test_algorithms_import_each_other_only_to_extend_or_compose(name: str) -> No
             elif node.module.startswith("flowrl.algorithms."):
                 imported.add(node.module.rsplit(".", 1)[1])
     assert imported & set(ALGORITHMS) == EXTENDS.get(name, set())
+
+
+#: plans fit on one screen: 25 lines, 40 for the plans with several concurrent sub-flows
+LONG_PLANS = {"apex": 40, "impala": 40, "multiagent": 40}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_plan_keeps_its_line_limit(name: str) -> None:
+    assert plan_lines(get_algorithm(name).plan) <= LONG_PLANS.get(name, 25)
