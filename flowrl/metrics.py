@@ -31,6 +31,8 @@ import time
 from collections import Counter, defaultdict, deque
 from typing import TYPE_CHECKING, Any, Iterable
 
+from flowrl.validation import check_int
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -103,8 +105,7 @@ class Timer:
     """
 
     def __init__(self, window_size: int = 10) -> None:
-        if window_size < 1:
-            raise ValueError(f"Timer window_size={window_size} must be >= 1")
+        check_int("Timer window_size", window_size, 1, "the last this many pushes are averaged")
         self._seconds: deque[float] = deque(maxlen=window_size)
         self._units: deque[float] = deque(maxlen=window_size)
         self._start: float | None = None

@@ -20,6 +20,7 @@ import numpy as np
 
 from flowrl.sample_batch import (ADVANTAGES, NEXT_OBS, REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS,
                                  SampleBatch)
+from flowrl.validation import check_int
 
 __all__ = ["compute_gae", "discounted_returns", "compute_nstep", "add_advantages"]
 
@@ -105,8 +106,7 @@ def compute_nstep(*, rewards: np.ndarray, terminateds: np.ndarray, truncateds: n
         >>> r.tolist(), idx.tolist(), term.tolist(), disc.tolist()
         ([1.5, 1.5, 1.0], [1, 2, 2], [False, True, True], [0.25, 0.0, 0.0])
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} must be an int >= 1 (1 is the one-step return)")
+    check_int("n", n, 1, "1 is the one-step return")
     _check_discount(gamma)
     rewards = np.asarray(rewards, dtype=np.float64)
     terminated = np.asarray(terminateds, bool)

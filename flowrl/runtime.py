@@ -24,6 +24,8 @@ os.environ.setdefault(_LOOPBACK_VAR, "0")
 
 import ray  # noqa: E402  (must follow the environment variable above)
 
+from flowrl.validation import check_number  # noqa: E402
+
 __all__ = ["init", "ensure_initialized", "actor_options", "parse_address", "check_reachable"]
 
 #: Seconds :func:`init` waits for a TCP connection to a cluster's address before it gives up (Ray's own
@@ -153,8 +155,8 @@ def actor_options(*, num_cpus: float = 1, num_gpus: float = 0, **extra: Any) -> 
     flowrl never lets Ray restart its actors: a restarted shard would come back without its
     transforms (and a rollout worker without its current weights); flowrl replaces them itself.
     """
-    if num_cpus < 0 or num_gpus < 0:
-        raise ValueError(f"actor resources must be >= 0, got num_cpus={num_cpus}, num_gpus={num_gpus}")
+    check_number("actor num_cpus", num_cpus, ge=0, meaning="CPUs the actor asks Ray for")
+    check_number("actor num_gpus", num_gpus, ge=0, meaning="GPUs the actor asks Ray for")
     options: dict[str, Any] = {"num_cpus": num_cpus, **({"num_gpus": num_gpus} if num_gpus else {})}
     options.update(extra)
     options["max_restarts"] = 0

@@ -19,6 +19,8 @@ from typing import Any, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
+from flowrl.validation import check_int
+
 __all__ = [
     "SampleBatch", "MultiAgentBatch", "AnyBatch", "DEFAULT_POLICY_ID",
     "OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "LOGP", "ACTION_DIST_INPUTS",
@@ -176,8 +178,7 @@ class SampleBatch(dict[str, np.ndarray]):
     def minibatches(self, size: int, seed: int | np.random.Generator | None = None,
                     shuffle: bool = False) -> Iterator[SampleBatch]:
         """Consecutive slices of ``size`` rows (the last may be shorter); optionally shuffled first."""
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(f"minibatch size={size!r} must be an int >= 1")
+        check_int("minibatch size", size, 1, "rows per minibatch")
         batch = self.shuffle(seed) if shuffle else self
         for start in range(0, self.count, size):
             yield batch[start:start + size]
@@ -257,8 +258,7 @@ class MultiAgentBatch:
     """
 
     def __init__(self, policy_batches: Mapping[str, SampleBatch], env_steps: int) -> None:
-        if not isinstance(env_steps, (int, np.integer)) or env_steps < 0:
-            raise ValueError(f"MultiAgentBatch env_steps={env_steps!r} must be an int >= 0")
+        check_int("MultiAgentBatch env_steps", env_steps, 0, "env steps the batch holds")
         for pid, b in policy_batches.items():
             if not isinstance(b, SampleBatch):
                 raise ValueError(f"MultiAgentBatch policy {pid!r} holds {type(b).__name__}; pass SampleBatches")

@@ -35,3 +35,23 @@ def test_checkpoint_data_written_with_the_old_fake_gpus_name_still_restores() ->
     restored = config_from_data(config_class, {**data, "fields": fields})
     assert restored.fake_gpus is True
     assert dataclasses.replace(restored) == config_class(num_workers=0, fake_gpus=True)
+
+
+def test_substrate_and_core_arguments_refuse_bools_and_out_of_range_values() -> None:
+    import numpy as np
+
+    from flowrl.metrics import Timer
+    from flowrl.postprocessing import compute_nstep
+    from flowrl.runtime import actor_options
+    from flowrl.sample_batch import MultiAgentBatch, SampleBatch
+
+    batch = SampleBatch({"obs": np.zeros(4)})
+    cases = [(lambda: Timer(window_size=True), "Timer window_size=True must be an int >= 1"),
+             (lambda: list(batch.minibatches(True)), "minibatch size=True must be an int >= 1"),
+             (lambda: MultiAgentBatch({}, env_steps=-1), "MultiAgentBatch env_steps=-1 must be an int >= 0"),
+             (lambda: actor_options(num_cpus=-1), "actor num_cpus=-1 must be a number >= 0"),
+             (lambda: compute_nstep(rewards=np.zeros(2), terminateds=np.zeros(2, bool), truncateds=np.zeros(2, bool),
+                                    n=0, gamma=0.9), "n=0 must be an int >= 1 (1 is the one-step return)")]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            call()
