@@ -89,14 +89,14 @@ class Bounds:
     def describe(self) -> str:
         """What is allowed, in words: ``"an int >= 1"``, ``"a number in [0, 1]"``, ``"a number > 0, or None"``."""
         kind = "an int" if self.integer else "a number"
-        low = (f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else None)
-        high = (f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else None)
+        low = (self.ge, True) if self.ge is not None else (self.gt, False) if self.gt is not None else None
+        high = (self.le, True) if self.le is not None else (self.lt, False) if self.lt is not None else None
         if low is not None and high is not None:
-            text = f"{kind} in {low}, {high}"
+            text = f"{kind} in {'[' if low[1] else '('}{_num(low[0])}, {_num(high[0])}{']' if high[1] else ')'}"
         elif low is not None:
-            text = f"{kind} {'>=' if low[0] == '[' else '>'} {low[1:]}"
+            text = f"{kind} {'>=' if low[1] else '>'} {_num(low[0])}"
         elif high is not None:
-            text = f"{kind} {'<=' if high[-1] == ']' else '<'} {high[:-1]}"
+            text = f"{kind} {'<=' if high[1] else '<'} {_num(high[0])}"
         else:
             text = kind
         return text + (", or None" if self.none_ok else "")
