@@ -168,6 +168,12 @@ class PolicyConfig:
             model): ``"skip"`` drops that update (the weights stay as they were), counts it in the learner stat
             ``num_nonfinite_updates_skipped`` and warns once; ``"raise"`` raises ``FloatingPointError``. Such an
             update is never applied.
+        normalize_actions: for a ``Box`` action space, the policy acts in ``[-1, 1]`` per dimension and each action
+            is mapped linearly onto the space's bounds (after clipping to ``[-1, 1]``) before the env sees it;
+            the sampled batch keeps the policy's own actions. Needs finite bounds; ``False`` sends the policy's
+            actions as they are (then see ``clip_actions``).
+        clip_actions: with ``normalize_actions=False``, clip each action to the space's bounds before the env
+            sees it (the sampled batch keeps the unclipped one).
 
     Every ``float`` field must be finite (:func:`check_finite_fields`) unless the class lists it in
     ``infinite_ok_fields``.
@@ -184,6 +190,8 @@ class PolicyConfig:
     seed: int | None = None
     numpy_acting: bool = True
     on_nonfinite_update: Literal["skip", "raise"] = "skip"
+    normalize_actions: bool = True
+    clip_actions: bool = True
 
     def __post_init__(self) -> None:
         check_finite_fields(self)

@@ -112,7 +112,7 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
     obs = env.reset()
     while any(len(done) < want for done, want in zip(per_env, quota)):
         actions, _ = policy.compute_actions(obs, explore=explore)
-        step = env.step(actions)
+        step = env.step(policy.env_actions(actions))
         for ep in step.episodes:
             if len(per_env[ep.env_index]) < quota[ep.env_index]:
                 per_env[ep.env_index].append((float(ep.episode_return), int(ep.episode_length)))
@@ -164,6 +164,7 @@ def evaluate_multi_agent(policies: Mapping[str, Policy], env: MultiAgentVectorEn
                 raise ValueError(f"agent {keys[0][1]!r} maps to policy {pid!r}, which is not among the policies "
                                  f"given ({sorted(policies)})")
             acts, _ = policies[pid].compute_actions(np.stack([obs[i][aid] for i, aid in keys]), explore=explore)
+            acts = policies[pid].env_actions(acts)
             for row, (i, aid) in enumerate(keys):
                 actions[i][aid] = acts[row]
         step = env.step(actions)

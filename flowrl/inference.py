@@ -72,8 +72,8 @@ class TrainedPolicy:
 
     def compute_actions(self, obs_batch: Any, explore: bool = False) -> np.ndarray:
         """Actions for a batch of observations ``[B, *obs_shape]``: ``[B]`` ints for a Discrete action
-        space, ``[B, *action_shape]`` for a Box (in its dtype); sampled with ``explore``, else the most
-        likely ones.
+        space, ``[B, *action_shape]`` for a Box (in its dtype, mapped onto its bounds as the env takes them, see
+        ``PolicyConfig.normalize_actions``); sampled with ``explore``, else the most likely ones.
 
         Raises:
             ValueError: observations of another shape than ``[B, *obs_shape]``.
@@ -85,6 +85,7 @@ class TrainedPolicy:
                              f"[B, {', '.join(map(str, shape))}] ({self.observation_space}); for one observation "
                              f"use compute_single_action")
         actions, _ = self.policy.compute_actions(obs, explore=explore)
+        actions = self.policy.env_actions(actions)
         if isinstance(self.action_space, gym.spaces.Box):
             return actions.astype(self.action_space.dtype, copy=False)
         return actions

@@ -3,8 +3,9 @@
 :func:`make_model` builds an actor-critic network for a gymnasium observation space (an MLP for
 vector observations, a small CNN for images) and :func:`dist_class_for` picks the action
 distribution (categorical for ``Discrete``, diagonal Gaussian for ``Box``). :class:`QModel` is DQN's
-Q-network (dueling or plain). :class:`NumpyActing` and :class:`NumpyQ` mirror an MLP model in numpy for the
-small CPU batches a rollout worker acts on.
+Q-network (dueling or plain); :class:`ActorModel` and :class:`ContinuousQModel` are the actor and the
+``Q(s, a)`` critics of DDPG, TD3 and SAC. :class:`NumpyActing`, :class:`NumpyQ` and :class:`NumpyMLP` mirror an
+MLP model in numpy for the small CPU batches a rollout worker acts on.
 
 Examples:
     >>> import gymnasium as gym
@@ -26,7 +27,8 @@ from torch import nn
 from flowrl.config import ModelConfig
 
 __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
-           "DiagGaussian", "dist_class_for", "NumpyActing", "QModel", "NumpyQ"]
+           "DiagGaussian", "dist_class_for", "NumpyActing", "QModel", "NumpyQ", "ActorModel", "ContinuousQModel",
+           "NumpyMLP"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 
@@ -452,3 +454,91 @@ class NumpyQ(_NumpyMirror):
         x = _np_dense(np.asarray(obs, np.float32).reshape(len(obs), -1), self._torso, self.activation)
         x = _np_dense(x, self._heads[:-1], _NP_ACTIVATIONS["relu"])  # the heads' hidden layers are ReLU (QModel)
         return _np_dense(x, self._heads[-1:], None)
+
+
+class ActorModel(nn.Module):
+    """``forward(obs) -> outputs [B, num_outputs]``: an MLP (or CNN + MLP) over the observation, a linear head.
+
+    The continuous-control actors: DDPG/TD3 squash the outputs with ``tanh`` into actions in ``[-1, 1]``, SAC
+    reads them as the mean and log-std of a Gaussian that it squashes.
+
+    Examples:
+        >>> model = ActorModel(gym.spaces.Box(-1, 1, (3,)), 2, ModelConfig(hidden_sizes=(8,), activation="relu"))
+        >>> tuple(model(torch.zeros(5, 3)).shape)
+        (5, 2)
+    """
+
+    def __init__(self, obs_space: gym.spaces.Box, num_outputs: int, config: ModelConfig) -> None:
+        super().__init__()
+        self.activation_name = config.activation
+        self.encoder, in_size = _encoder(obs_space, config)
+        sizes = [in_size, *config.hidden_sizes]
+        self.trunk = _mlp(sizes, _ACTIVATIONS[config.activation])
+        self.head = nn.Linear(sizes[-1], num_outputs)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.trunk(self.encoder(obs.float() if obs.dtype != torch.uint8 else obs)))  # type: ignore[no-any-return]
+
+
+class ContinuousQModel(nn.Module):
+    """``forward(obs, actions) -> Q(obs, actions) [B]``: an MLP over ``[features(obs), actions]``, or ``num_q``
+    such critics side by side (``[num_q, B]``, TD3's and SAC's twin Q) when ``num_q > 1``.
+
+    Examples:
+        >>> q = ContinuousQModel(gym.spaces.Box(-1, 1, (3,)), 2, ModelConfig(hidden_sizes=(8, 8)), num_q=2)
+        >>> tuple(q(torch.zeros(5, 3), torch.zeros(5, 2)).shape)
+        (2, 5)
+    """
+
+    def __init__(self, obs_space: gym.spaces.Box, action_dim: int, config: ModelConfig, *, num_q: int = 1) -> None:
+        super().__init__()
+        self.num_q = num_q
+        self.encoder, in_size = _encoder(obs_space, config)
+        sizes = [in_size + action_dim, *config.hidden_sizes]
+        act = _ACTIVATIONS[config.activation]
+        self.critics = nn.ModuleList(nn.Sequential(_mlp(sizes, act), nn.Linear(sizes[-1], 1)) for _ in range(num_q))
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([self.encoder(obs.float() if obs.dtype != torch.uint8 else obs), actions.float()], dim=-1)
+        if self.num_q == 1:
+            return self.critics[0](x).squeeze(-1)  # type: ignore[no-any-return]
+        return torch.stack([critic(x).squeeze(-1) for critic in self.critics])
+
+
+class NumpyMLP(_NumpyMirror):
+    """An MLP :class:`ActorModel` in numpy, for the few observations a rollout worker acts on at a time (see
+    :class:`NumpyActing`); :meth:`build` returns ``None`` for a model it cannot mirror exactly (a CNN, a subclass,
+    a GPU).
+
+    Examples:
+        >>> model = ActorModel(gym.spaces.Box(-1, 1, (3,)), 2, ModelConfig(hidden_sizes=(8,), activation="relu"))
+        >>> obs = np.ones((4, 3), np.float32)
+        >>> bool(np.allclose(NumpyMLP.build(model).forward(obs), model(torch.as_tensor(obs)).detach().numpy(),
+        ...                  atol=1e-6))
+        True
+    """
+
+    def __init__(self, model: ActorModel) -> None:
+        super().__init__(model)
+        self.model = model
+        self.activation = _NP_ACTIVATIONS[model.activation_name]
+        self._trunk: list[tuple[np.ndarray, np.ndarray]] = []
+        self._head: list[tuple[np.ndarray, np.ndarray]] = []
+
+    @staticmethod
+    def build(model: nn.Module) -> NumpyMLP | None:
+        """A numpy mirror of ``model``, or ``None`` if it is not a plain MLP ActorModel on the CPU."""
+        if type(model) is not ActorModel or not isinstance(model.encoder, nn.Flatten):
+            return None
+        if any(p.device.type != "cpu" for p in model.parameters()):
+            return None
+        return NumpyMLP(model)
+
+    def _read(self) -> None:
+        self._trunk, self._head = _linears(self.model.trunk), _linears(self.model.head)
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        """The model's outputs ``[B, num_outputs]`` as float32."""
+        self._refresh()
+        x = _np_dense(np.asarray(obs, np.float32).reshape(len(obs), -1), self._trunk, self.activation)
+        return _np_dense(x, self._head, None)

@@ -15,7 +15,7 @@ Examples:
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -25,7 +25,8 @@ from flowrl.config import PolicyConfig
 from flowrl.models import ActionDistribution, NumpyActing, dist_class_for, make_model
 from flowrl.sample_batch import ACTION_DIST_INPUTS, ACTIONS, LOGP, VF_PREDS, SampleBatch
 
-__all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data"]
+__all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data",
+           "env_action_map"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -126,6 +127,41 @@ def space_from_data(data: Mapping[str, Any]) -> gym.Space[Any]:
     raise ValueError(f"unknown space data {dict(data)!r:.120}; it was written by another version of flowrl")
 
 
+def env_action_map(space: gym.Space[Any], *, normalize: bool,
+                   clip: bool) -> Callable[[np.ndarray], np.ndarray] | None:
+    """How a policy's actions ``[B, ...]`` become the actions an env with action space ``space`` takes, or
+    ``None`` when they go as they are (a space other than ``Box``, or neither option set).
+
+    ``normalize``: the policy acts in ``[-1, 1]``; each action is clipped to that and mapped linearly onto
+    ``[low, high]``. ``clip`` (without ``normalize``): each action is clipped to ``[low, high]``.
+
+    Raises:
+        ValueError: ``normalize`` with a bound that is infinite (the message names the space).
+
+    Examples:
+        >>> to_env = env_action_map(gym.spaces.Box(-2.0, 2.0, (1,)), normalize=True, clip=True)
+        >>> to_env(np.array([[-1.0], [0.25], [3.0]], np.float32)).ravel().tolist()
+        [-2.0, 0.5, 2.0]
+        >>> env_action_map(gym.spaces.Box(-np.inf, np.inf, (2,)), normalize=True, clip=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: action space Box(-inf, inf, (2,), float32) has infinite bounds, so normalize_actions=True cannot map the policy's [-1, 1] onto it; set normalize_actions=False (and clip_actions as the env needs), or give the env finite bounds
+    """
+    if not isinstance(space, gym.spaces.Box):
+        return None
+    low, high, dtype = space.low.astype(np.float32), space.high.astype(np.float32), space.dtype
+    if normalize:
+        if not (np.isfinite(low).all() and np.isfinite(high).all()):
+            raise ValueError(f"action space {space} has infinite bounds, so normalize_actions=True cannot map the "
+                             f"policy's [-1, 1] onto it; set normalize_actions=False (and clip_actions as the env "
+                             f"needs), or give the env finite bounds")
+        half_range = (high - low) / 2
+        return lambda actions: (low + (np.clip(actions, -1.0, 1.0) + 1.0) * half_range).astype(dtype, copy=False)
+    if clip:
+        return lambda actions: np.clip(actions, low, high).astype(dtype, copy=False)
+    return None
+
+
 class Policy:
     """A torch actor-critic policy with acting, learning and state hooks.
 
@@ -167,6 +203,7 @@ class Policy:
         self.observation_space, self.action_space, self.config = observation_space, action_space, config
         self.device = _check_device(config.device)
         self.dist_class, _ = dist_class_for(action_space)
+        self._to_env = env_action_map(action_space, normalize=config.normalize_actions, clip=config.clip_actions)
         with torch.random.fork_rng(devices=[]):
             if config.seed is not None:
                 torch.manual_seed(config.seed)
@@ -221,6 +258,13 @@ class Policy:
         if fast is None or fast.model is not self.model or type(self).compute_actions is not Policy.compute_actions:
             return None
         return fast
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """The policy's actions as the env takes them (see :func:`env_action_map` and ``PolicyConfig.
+        normalize_actions``): what rollout workers, evaluation and :mod:`flowrl.inference` step the env with, while
+        sampled batches keep the policy's own actions."""
+        to_env = self._to_env
+        return actions if to_env is None else to_env(actions)
 
     @torch.no_grad()
     def _compute_actions_torch(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:

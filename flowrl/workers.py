@@ -169,7 +169,7 @@ class RolloutWorker(ParallelIteratorWorker):
         episodes = self._episodes
         for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
             acts, extra = policy.sample_actions(self._obs)
-            step = env.step(acts)
+            step = env.step(policy.env_actions(acts))
             obs.append(self._obs)
             actions.append(acts)
             rewards.append(step.rewards)
@@ -255,14 +255,17 @@ class RolloutWorker(ParallelIteratorWorker):
             for i, obs in enumerate(self._obs):
                 for aid in obs:
                     by_policy.setdefault(self.mapping(aid), []).append((i, aid))
-            actions: list[dict[str, Any]] = [{} for _ in self._obs]
+            actions: list[dict[str, Any]] = [{} for _ in self._obs]  # as the policies chose them (sampled)
+            env_actions: list[dict[str, Any]] = [{} for _ in self._obs]  # as the env takes them
             extras: dict[tuple[int, str], dict[str, Any]] = {}
             for pid, keys in by_policy.items():
                 acts, extra = self.policy_map[pid].compute_actions(np.stack([self._obs[i][a] for i, a in keys]))
+                env_acts = self.policy_map[pid].env_actions(acts)
                 for row, (i, aid) in enumerate(keys):
                     actions[i][aid] = acts[row]
+                    env_actions[i][aid] = env_acts[row]
                     extras[(i, aid)] = {k: v[row] for k, v in extra.items()}
-            step = self.env.step(actions)
+            step = self.env.step(env_actions)
             for i in range(self.env.num_envs):
                 ended = step.terminateds[i]["__all__"] or step.truncateds[i]["__all__"]
                 for aid, reward in step.rewards[i].items():

@@ -33,13 +33,13 @@ import torch
 from torch import nn
 
 from flowrl.algorithms import Algorithm
-from flowrl.config import PolicyConfig, TrainerConfig
+from flowrl.algorithms.off_policy import NSTEP_DISCOUNTS, OffPolicyConfig, nstep_postprocess
+from flowrl.config import PolicyConfig
 from flowrl.iter import LocalIterator
 from flowrl.models import NumpyQ, QModel
 from flowrl.ops import (Concurrently, ParallelRollouts, Replay, StandardMetricsReporting, StoreToReplayBuffer,
                         UpdatePriorities, UpdateTargetNetwork, train_one_step)
 from flowrl.policy import Policy, TensorBatch, column_tensor, make_adam
-from flowrl.postprocessing import compute_nstep
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
                                  AnyBatch, SampleBatch)
@@ -49,106 +49,40 @@ from flowrl.workers import WorkerSet
 __all__ = ["DQNConfig", "QModel", "NumpyQ", "DQNPolicy", "NSTEP_DISCOUNTS", "make_replay_buffer", "make_owned_state",
            "plan", "ALGORITHM"]
 
-NSTEP_DISCOUNTS = "nstep_discounts"  # gamma^m of each row's n-step window, 0 where the window terminated
-
 
 @dataclass(frozen=True, kw_only=True)
-class DQNConfig(TrainerConfig):
-    """DQN's config: :class:`~flowrl.config.TrainerConfig` with RLlib's DQN defaults.
+class DQNConfig(OffPolicyConfig):
+    """DQN's config: :class:`~flowrl.algorithms.off_policy.OffPolicyConfig` (the replay settings) with RLlib's
+    DQN defaults.
 
     Attributes:
-        num_workers: remote rollout workers (0: the driver samples between train steps).
-        rollout_fragment_length: steps per env per stored fragment (4); at least ``n_step``.
-        train_batch_size: rows per replayed train batch (32).
-        timesteps_per_iteration: a report waits for 1000 new env steps (no wall-time gate).
         lr: Adam learning rate (5e-4). adam_epsilon: Adam's epsilon (1e-8). grad_clip: max gradient norm (40).
         double_q: the bootstrap action is chosen by the online network, valued by the target one.
         dueling: ``Q = V + A - mean(A)`` from separate value and advantage heads.
         hiddens: widths of each head's hidden layers, after the ``model.hidden_sizes`` torso ((256,)).
-        n_step: steps summed before bootstrapping (1).
         huber_delta: the Huber loss is quadratic for ``|td_error| < huber_delta`` and linear beyond (1.0).
         target_network_update_freq: sampled env steps between target-network copies (500).
-        buffer_size: timesteps the replay buffer holds (50000).
-        learning_starts: timesteps stored before the first replay (1000).
-        prioritized_replay: proportional prioritized replay (True) or uniform replay (False).
-        prioritized_replay_alpha / _beta / _eps: priority exponent (0.6), importance-weight exponent (0.4)
-            and the constant added to ``|td_error|`` (1e-6).
-        replay_mode / replay_sequence_length: as for :class:`~flowrl.replay_buffers.LocalReplayBuffer`.
         initial_epsilon / final_epsilon / epsilon_timesteps: epsilon-greedy exploration anneals linearly from
             1.0 to 0.02 over the first 10000 sampled steps, then stays.
-        training_intensity: trained steps per sampled step; ``None`` alternates one store and one replay.
-            See :attr:`round_robin_weights`.
-        before_learn_on_batch: ``hook(batch, workers, config) -> batch`` applied to each replayed batch.
+        The replay settings (``buffer_size``, ``learning_starts``, ``prioritized_replay``, ``n_step``,
+        ``training_intensity``, ...) are :class:`~flowrl.algorithms.off_policy.OffPolicyConfig`'s.
     """
 
-    num_workers: int = 0
-    rollout_fragment_length: int = 4
-    train_batch_size: int = 32
-    timesteps_per_iteration: int = 1000
     lr: float = 5e-4
     adam_epsilon: float = bounded(1e-8, gt=0, meaning="Adam's epsilon")
     grad_clip: float | None = 40
     double_q: bool = True
     dueling: bool = True
     hiddens: tuple[int, ...] = (256,)
-    n_step: int = bounded(1, ge=1, meaning="steps per return, 1: one-step TD")
     huber_delta: float = bounded(1.0, gt=0, meaning="the Huber loss is linear beyond it")
-    target_network_update_freq: int = bounded(500, ge=0, meaning="steps between target-network copies")
-    buffer_size: int = bounded(50000, ge=1, meaning="timesteps the replay buffer holds")
-    learning_starts: int = bounded(1000, ge=0, meaning="timesteps stored before the first replay")
-    prioritized_replay: bool = True
-    prioritized_replay_alpha: float = 0.6
-    prioritized_replay_beta: float = bounded(0.4, ge=0, meaning="0: no importance weighting")
-    prioritized_replay_eps: float = bounded(1e-6, gt=0, meaning="added to |td_error| in each priority")
-    replay_mode: Literal["independent", "lockstep"] = "independent"
-    replay_sequence_length: int = bounded(1, ge=1, meaning="timesteps per stored item")
     initial_epsilon: float = bounded(1.0, ge=0, le=1, meaning="the exploration probability at the start")
     final_epsilon: float = bounded(0.02, ge=0, le=1, meaning="the exploration probability after the anneal")
     epsilon_timesteps: int = bounded(10000, ge=0, meaning="sampled steps over which epsilon anneals")
-    training_intensity: float | None = bounded(
-        None, gt=0, meaning="trained steps per sampled step; None: one replay per store")
-    before_learn_on_batch: Callable[[AnyBatch, WorkerSet, DQNConfig], AnyBatch] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.rollout_fragment_length < self.n_step:
-            raise ValueError(f"rollout_fragment_length={self.rollout_fragment_length} is shorter than n_step="
-                             f"{self.n_step}; raise rollout_fragment_length to at least {self.n_step}")
         if not all(isinstance(h, int) and h > 0 for h in self.hiddens):
             raise ValueError(f"hiddens={self.hiddens!r} must be positive ints, e.g. (256,), or () for linear heads")
-        if self.replay_mode not in ("independent", "lockstep"):
-            raise ValueError(f"replay_mode={self.replay_mode!r}; use 'independent' or 'lockstep'")
-        if self.prioritized_replay:
-            if not self.prioritized_replay_alpha > 0:
-                raise ValueError(f"prioritized_replay_alpha={self.prioritized_replay_alpha!r} must be > 0 with "
-                                 f"prioritized_replay=True; raise it (e.g. 0.6) or set prioritized_replay=False")
-            if self.replay_mode == "lockstep":
-                raise ValueError("replay_mode='lockstep' replays uniformly, so prioritized_replay=True has no "
-                                 "priorities to update; set prioritized_replay=False or replay_mode='independent'")
-            if not self.use_simple_optimizer:
-                raise ValueError(f"prioritized_replay=True with the multi-device learner (num_gpus={self.num_gpus}) "
-                                 f"is unsupported: MultiGPUTrainOneStep reports no per-row td_error; set "
-                                 f"prioritized_replay=False or simple_optimizer=True")
-
-    @property
-    def round_robin_weights(self) -> list[float]:
-        """The plan's ``[store, replay]`` pulls per round-robin turn.
-
-        ``[1, 1]`` without ``training_intensity``; otherwise ``[1, training_intensity / native_ratio]`` with
-        ``native_ratio = train_batch_size / steps_per_store_item``, where one store item is one fragment from
-        every worker: ``rollout_fragment_length x num_envs_per_worker x max(num_workers, 1)`` steps (zero
-        remote workers: the local worker samples one fragment).
-        """
-        if self.training_intensity is None:
-            return [1.0, 1.0]
-        steps_per_store_item = self.rollout_fragment_length * self.num_envs_per_worker * max(self.num_workers, 1)
-        native_ratio = self.train_batch_size / steps_per_store_item
-        return [1.0, self.training_intensity / native_ratio]
-
-    @property
-    def actual_train_batch_size(self) -> int | None:
-        """``train_batch_size``: ``Replay`` draws exactly that many rows, whatever the fragments."""
-        return self.train_batch_size
 
     def epsilon_at(self, timestep: int) -> float:
         """The exploration epsilon after ``timestep`` sampled steps: linear from initial to final, then final."""
@@ -157,10 +91,10 @@ class DQNConfig(TrainerConfig):
         return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * timestep / self.epsilon_timesteps
 
 
-def plan(workers: WorkerSet, config: DQNConfig, *,
+def plan(workers: WorkerSet, config: OffPolicyConfig, *,
          replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
     """DQN: (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
-    the target network; round robin by training intensity, emitting (2); report.
+    the target network; round robin by training intensity, emitting (2); report. DDPG, TD3 and SAC run it too.
 
     Examples:
         >>> config = DQNConfig(seed=0, learning_starts=64, timesteps_per_iteration=100, min_iter_time_s=0)
@@ -191,12 +125,12 @@ def plan(workers: WorkerSet, config: DQNConfig, *,
     return StandardMetricsReporting(rounds, workers, config)
 
 
-def make_owned_state(config: DQNConfig) -> dict[str, Any]:
+def make_owned_state(config: OffPolicyConfig) -> dict[str, Any]:
     """What the trainer keeps across plan rebuilds: ``{"replay_buffer": make_replay_buffer(config)}``."""
     return {"replay_buffer": make_replay_buffer(config)}
 
 
-def make_replay_buffer(config: DQNConfig) -> LocalReplayBuffer:
+def make_replay_buffer(config: OffPolicyConfig) -> LocalReplayBuffer:
     """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``)."""
     return LocalReplayBuffer(
         num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
@@ -306,12 +240,7 @@ class DQNPolicy(Policy):
 
     # -- postprocessing ---------------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
-        returns, next_index, terminated, discounts = compute_nstep(
-            rewards=batch[REWARDS], terminateds=batch[TERMINATEDS], truncateds=batch[TRUNCATEDS],
-            n=self.config.n_step, gamma=self.config.gamma)
-        batch[REWARDS], batch[NEXT_OBS] = returns, batch[NEXT_OBS][next_index]
-        batch[TERMINATEDS], batch[NSTEP_DISCOUNTS] = terminated, discounts
-        return batch
+        return nstep_postprocess(batch, n_step=self.config.n_step, gamma=self.config.gamma)
 
     # -- loss -------------------------------------------------------------------------------------
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:
