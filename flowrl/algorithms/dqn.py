@@ -192,8 +192,8 @@ class DQNPolicy(Policy):
 
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         if not isinstance(action_space, gym.spaces.Discrete):
-            raise ValueError(f"DQN needs a Discrete action space, got {action_space}; use an algorithm for "
-                             f"continuous actions (e.g. PPO) or discretize the env's actions")
+            raise ValueError(f"DQN needs a Discrete action space, got {action_space}; for continuous actions use "
+                             f"SAC, TD3 or DDPG (flowrl train sac), or PPO, or discretize the env's actions")
         if not isinstance(observation_space, gym.spaces.Box):
             raise ValueError(f"DQNPolicy needs a Box observation space, got {observation_space}")
         super().__init__(observation_space, action_space, config)
