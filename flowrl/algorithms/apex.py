@@ -314,8 +314,9 @@ class ReplayShards(list[Any]):
 
     Args:
         shards: the shard actor handles, in shard order.
-        start: starts the listed shards again, as they were first started (``flowrl.replay_buffers.make_replay_shards`` with
-            ``shard_indices=``); ``None``: a dead shard cannot be replaced.
+        start: starts the listed shards again, as they were first started
+            (``flowrl.replay_buffers.make_replay_shards`` with ``shard_indices=``); ``None``: a dead shard cannot be
+            replaced.
         capacity: what one shard holds, in env steps (for the warning of :meth:`recreate`).
     """
 
