@@ -7,6 +7,10 @@ worker gets fresh weights once it has delivered ``max_weight_sync_delay`` steps.
 into the learner's in-queue, paired with the shard. (3) The learner's out-queue sends new priorities back to that
 shard, is counted, and drives the target network. ``Concurrently(async)`` joins them, emitting (3).
 
+The plan and the shards serve any replay policy: a config mixes in :class:`ApexSettings`, and a policy that
+:class:`ExploresPerWorker` gets its worker's exploration scale. :mod:`flowrl.algorithms.apex_ddpg` runs this plan
+over DDPG's policy.
+
 Examples:
     >>> from flowrl.config import available_cpus
     >>> config = ApexConfig(seed=0)  # 32 workers, or as many as there are CPUs
@@ -26,7 +30,7 @@ import functools
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -34,7 +38,7 @@ import torch
 
 from flowrl.algorithms import Algorithm
 from flowrl.algorithms.dqn import NSTEP_DISCOUNTS, DQNConfig, DQNPolicy
-from flowrl.config import PolicyConfig, check_finite_fields, num_workers_that_fit
+from flowrl.config import PolicyConfig, TrainerConfig, check_finite_fields, num_workers_that_fit
 from flowrl.iter import LocalIterator
 from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, Dequeue, Enqueue, ParallelRollouts,
                         RecordLearnerOutput, Replay, StandardMetricsReporting, StoreToReplayBuffer,
@@ -48,48 +52,41 @@ from flowrl.workers import RolloutWorker, WorkerSet, unresponsive_actors
 
 import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
-__all__ = ["ApexConfig", "ApexPolicy", "per_worker_epsilon", "set_worker_epsilons", "ReplayShards",
+if TYPE_CHECKING:  # ApexSettings is only ever mixed into a replay config: the type checker sees that config's fields
+    from flowrl.algorithms.off_policy import OffPolicyConfig as _ReplayConfig
+else:
+    _ReplayConfig = object
+
+__all__ = ["ApexSettings", "ApexConfig", "ApexPolicy", "ExploresPerWorker", "per_worker_epsilon",
+           "worker_exploration_scale", "set_worker_exploration", "set_worker_epsilons", "ReplayShards",
            "make_replay_shards", "make_owned_state", "plan", "ALGORITHM"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ApexConfig(DQNConfig):
-    """Ape-X's config: :class:`~flowrl.algorithms.dqn.DQNConfig` with RLlib's Ape-X defaults.
+class ApexSettings(_ReplayConfig):
+    """What Ape-X adds to a replay config, whatever its policy: a frozen ``kw_only`` mixin, listed first.
+
+    ``ApexConfig(ApexSettings, DQNConfig)`` is Ape-X DQN and ``ApexDDPGConfig(ApexSettings, DDPGConfig)`` Ape-X
+    DDPG: the second base (an :class:`~flowrl.algorithms.off_policy.OffPolicyConfig`) keeps its fields and
+    defaults, this mixin adds the fields below, refuses ``num_gpus > 1`` and counts one async store item as one
+    worker's fragment (:attr:`round_robin_weights`). Each config sets its own defaults for the shared fields
+    (``num_workers``, ``n_step``, ``buffer_size``, ...). To the type checker it is an ``OffPolicyConfig`` (it is
+    only ever mixed into one); at run time it adds just these fields.
 
     Attributes:
-        num_workers: remote rollout workers (32, capped at the CPUs available, see
-            :func:`~flowrl.config.num_workers_that_fit`); worker ``i`` of ``N`` explores with
-            :func:`per_worker_epsilon` ``(i, N)`` (see :attr:`worker_epsilons`); 0: the driver samples, ε = 0.4.
-        num_gpus: the learner's devices: 0 (CPU, the default) or 1.
         num_replay_buffer_shards: ``ReplayShard`` actors (4), each with ``1/shards`` of ``buffer_size`` and
             ``learning_starts``.
         max_weight_sync_delay: steps a worker delivers between two weight syncs (400).
-        n_step (3), buffer_size (2,000,000), learning_starts (50000), train_batch_size (512),
-            rollout_fragment_length (50): as in DQN, with Ape-X's values.
-        target_network_update_freq: **trained** steps between target-network copies (500000).
-        timesteps_per_iteration: a report waits for 1000 new env steps, as DQN's (RLlib's cluster-sized 25000
-            steps and 30 s made one report span ~60k steps on a laptop); no wall-time gate. Reports come with
-            trained batches, so the first one waits for ``learning_starts`` stored steps.
         worker_side_prioritization: workers compute each row's initial priority ``|td_error|`` with their
             own network (True), instead of the shard's max priority.
-        training_intensity: ``None``: the three sub-flows run asynchronously; otherwise trained steps per sampled
-            step, turned into round-robin weights (:attr:`round_robin_weights`).
         replay_buffer_shards_colocated_with_driver: pin the shards to the driver's node (True).
         learner_queue_size: replayed batches waiting for the learner (16).
     """
 
-    num_workers: int = field(default_factory=num_workers_that_fit(32, "ApexConfig"))
     num_replay_buffer_shards: int = bounded(4, ge=1, meaning="replay shard actors")
     max_weight_sync_delay: int = bounded(400, ge=1, meaning="steps a worker delivers between weight syncs")
-    n_step: int = 3
-    buffer_size: int = 2_000_000
-    learning_starts: int = 50000
-    train_batch_size: int = 512
-    rollout_fragment_length: int = 50
-    target_network_update_freq: int = 500000
-    timesteps_per_iteration: int = 1000
     worker_side_prioritization: bool = True
     replay_buffer_shards_colocated_with_driver: bool = True
     learner_queue_size: int = bounded(16, ge=1, meaning="replayed batches waiting for the learner")
@@ -102,8 +99,9 @@ class ApexConfig(DQNConfig):
         super().__post_init__()
 
     @property
-    def worker_epsilons(self) -> list[float]:
-        """The exploration epsilon of each remote worker, in order (``[0.4]`` with zero remote workers)."""
+    def worker_exploration(self) -> list[float]:
+        """Each sampling worker's :func:`per_worker_epsilon`, in order (``[0.4]`` with zero remote workers): its
+        epsilon (Ape-X DQN) or noise scale (Ape-X DDPG). See :func:`set_worker_exploration`."""
         n = self.num_workers
         return [per_worker_epsilon(i, n) for i in range(max(n, 1))]
 
@@ -126,6 +124,43 @@ class ApexConfig(DQNConfig):
         return [1.0, self.training_intensity / native_ratio]
 
 
+@dataclass(frozen=True, kw_only=True)
+class ApexConfig(ApexSettings, DQNConfig):
+    """Ape-X's config: :class:`~flowrl.algorithms.dqn.DQNConfig` with the :class:`ApexSettings` and RLlib's Ape-X
+    defaults.
+
+    Attributes:
+        num_workers: remote rollout workers (32, capped at the CPUs available, see
+            :func:`~flowrl.config.num_workers_that_fit`); worker ``i`` of ``N`` explores with
+            :func:`per_worker_epsilon` ``(i, N)`` (see :attr:`worker_epsilons`); 0: the driver samples, ε = 0.4.
+        num_gpus: the learner's devices: 0 (CPU, the default) or 1.
+        num_replay_buffer_shards (4), max_weight_sync_delay (400), worker_side_prioritization (True),
+            replay_buffer_shards_colocated_with_driver (True), learner_queue_size (16): see :class:`ApexSettings`.
+        n_step (3), buffer_size (2,000,000), learning_starts (50000), train_batch_size (512),
+            rollout_fragment_length (50): as in DQN, with Ape-X's values.
+        target_network_update_freq: **trained** steps between target-network copies (500000).
+        timesteps_per_iteration: a report waits for 1000 new env steps, as DQN's (RLlib's cluster-sized 25000
+            steps and 30 s made one report span ~60k steps on a laptop); no wall-time gate. Reports come with
+            trained batches, so the first one waits for ``learning_starts`` stored steps.
+        training_intensity: ``None``: the three sub-flows run asynchronously; otherwise trained steps per sampled
+            step, turned into round-robin weights (:attr:`round_robin_weights`).
+    """
+
+    num_workers: int = field(default_factory=num_workers_that_fit(32, "ApexConfig"))
+    n_step: int = 3
+    buffer_size: int = 2_000_000
+    learning_starts: int = 50000
+    train_batch_size: int = 512
+    rollout_fragment_length: int = 50
+    target_network_update_freq: int = 500000
+    timesteps_per_iteration: int = 1000
+
+    @property
+    def worker_epsilons(self) -> list[float]:
+        """The exploration epsilon of each remote worker, in order (``[0.4]`` with zero remote workers)."""
+        return self.worker_exploration
+
+
 def per_worker_epsilon(index: int, num_workers: int) -> float:
     """Ape-X's exploration epsilon of sampling worker ``index`` of ``num_workers``: ``0.4 ** (1 + 7 i / (N - 1))``.
 
@@ -140,12 +175,14 @@ def per_worker_epsilon(index: int, num_workers: int) -> float:
     return float(0.4 ** (1 + 7 * min(max(index, 0), num_workers - 1) / (num_workers - 1)))
 
 
-def plan(workers: WorkerSet, config: ApexConfig, *,
+def plan(workers: WorkerSet, config: ApexSettings, *,
          replay_actors: list[Any] | None = None) -> LocalIterator[dict[str, Any]]:
     """Ape-X: (1) store async rollouts in the shards, syncing each worker's weights every
     ``max_weight_sync_delay`` steps; (2) replay from the shards into the learner thread; (3) priorities back to
     the shards, count, update the target network; async (or round robin by training intensity), emitting (3).
-    Each report adds the learner's metrics and ``info["replay_shard_0"]``, shard 0's ``stats()``.
+    Each report adds the learner's metrics and ``info["replay_shard_0"]``, shard 0's ``stats()``. Any policy
+    runs it (its ``learn_on_batch`` reports ``td_error``); :func:`set_worker_exploration` sets each worker's
+    exploration at build time.
 
     Examples:
         >>> config = ApexConfig(seed=0, num_workers=0, num_replay_buffer_shards=1, learning_starts=64,
@@ -172,7 +209,7 @@ def plan(workers: WorkerSet, config: ApexConfig, *,
     own = make_replay_shards(config) if replay_actors is None else []
     shards = list(replay_actors) if replay_actors is not None else own
     learner = ApexLearnerThread(workers.local_worker(), learner_queue_size=config.learner_queue_size)
-    set_worker_epsilons(workers, config)
+    set_worker_exploration(workers, config)
     # (1) store rollouts in a shard; sync each delivering worker's weights every max_weight_sync_delay steps
     store_op = ParallelRollouts(workers, mode="async", num_async=2).for_each(StoreToReplayBuffer(actors=shards))
     if workers.remote_workers():
@@ -203,32 +240,55 @@ def plan(workers: WorkerSet, config: ApexConfig, *,
             .on_close(lambda: shut_down(learner, own)))
 
 
-def set_worker_epsilons(workers: WorkerSet, config: ApexConfig) -> None:
-    """Gives each remote worker ``i`` (index ``i + 1``) its :func:`per_worker_epsilon` ``(i, num_workers)``.
+@runtime_checkable
+class ExploresPerWorker(Protocol):
+    """A policy whose exploration Ape-X fixes per worker: :class:`ApexPolicy` takes the value as its epsilon,
+    :class:`~flowrl.algorithms.apex_ddpg.ApexDDPGPolicy` as its noise scale."""
 
-    The local worker gets 0.4 when it samples (zero remote workers), else 0 (it is the learner's greedy
-    replica). A blocking ``foreach_worker`` call at plan build, so a recreated worker (same index) gets its
-    epsilon back when the trainer rebuilds the plan. Policies other than :class:`ApexPolicy` are left alone.
+    def set_worker_exploration(self, scale: float) -> None:
+        """Explores with ``scale`` (:func:`worker_exploration_scale`) from now on, whatever the timestep."""
+
+
+def worker_exploration_scale(worker_index: int, num_workers: int) -> float:
+    """The exploration scale of worker ``worker_index`` (0: the local worker) when ``num_workers`` remote workers
+    sample: remote worker ``i`` (index ``i + 1``) gets :func:`per_worker_epsilon` ``(i, num_workers)``; the local
+    worker gets 0.4 when it samples (zero remote workers), else 0 (it is the learner's replica and never samples).
+
+    Examples:
+        >>> worker_exploration_scale(0, 0), worker_exploration_scale(0, 2), worker_exploration_scale(1, 2)
+        (0.4, 0.0, 0.4)
     """
-    workers.foreach_worker(functools.partial(_set_epsilon, num_workers=config.num_workers))
+    if worker_index == 0:
+        return per_worker_epsilon(0, 1) if num_workers == 0 else 0.0
+    return per_worker_epsilon(worker_index - 1, num_workers)
 
 
-def _set_epsilon(worker: RolloutWorker, num_workers: int) -> None:
-    if worker.worker_index == 0:  # the learner's replica samples only when there are no remote workers
-        epsilon = per_worker_epsilon(0, 1) if num_workers == 0 else 0.0
-    else:
-        epsilon = per_worker_epsilon(worker.worker_index - 1, num_workers)
+def set_worker_exploration(workers: WorkerSet, config: TrainerConfig) -> None:
+    """Gives each policy of each worker that :class:`ExploresPerWorker` its :func:`worker_exploration_scale`
+    (``worker_index``, ``config.num_workers``); other policies are left alone.
+
+    A blocking ``foreach_worker`` call at plan build, so a recreated worker (same index) gets its scale back when
+    the trainer rebuilds the plan.
+    """
+    workers.foreach_worker(functools.partial(_set_exploration, num_workers=config.num_workers))
+
+
+set_worker_epsilons = set_worker_exploration  # its name from when Ape-X ran only DQN
+
+
+def _set_exploration(worker: RolloutWorker, num_workers: int) -> None:
+    scale = worker_exploration_scale(worker.worker_index, num_workers)
     for policy in worker.policy_map.values():
-        if isinstance(policy, ApexPolicy):
-            policy.exploration_epsilon = epsilon
+        if isinstance(policy, ExploresPerWorker):
+            policy.set_worker_exploration(scale)
 
 
-def make_owned_state(config: ApexConfig) -> dict[str, Any]:
+def make_owned_state(config: ApexSettings) -> dict[str, Any]:
     """What the trainer keeps across plan rebuilds: ``{"replay_actors": make_replay_shards(config)}``."""
     return {"replay_actors": make_replay_shards(config)}
 
 
-def make_replay_shards(config: ApexConfig) -> ReplayShards:
+def make_replay_shards(config: ApexSettings) -> ReplayShards:
     """The ``num_replay_buffer_shards`` replay shards the plan's sub-flows share (``num_cpus=0``, seeded from
     ``seed``), able to replace a shard that dies (:meth:`ReplayShards.recreate`)."""
     start = functools.partial(
@@ -254,8 +314,9 @@ class ReplayShards(list[Any]):
 
     Args:
         shards: the shard actor handles, in shard order.
-        start: starts the listed shards again, as they were first started (``flowrl.replay_buffers.make_replay_shards`` with
-            ``shard_indices=``); ``None``: a dead shard cannot be replaced.
+        start: starts the listed shards again, as they were first started
+            (``flowrl.replay_buffers.make_replay_shards`` with ``shard_indices=``); ``None``: a dead shard cannot be
+            replaced.
         capacity: what one shard holds, in env steps (for the warning of :meth:`recreate`).
     """
 
@@ -310,7 +371,7 @@ class ApexPolicy(DQNPolicy):
     """The Ape-X policy: a :class:`~flowrl.algorithms.dqn.DQNPolicy` whose exploration epsilon is fixed per worker
     and which, with ``worker_side_prioritization``, writes each sampled row's initial priority.
 
-    ``epsilon`` is :attr:`exploration_epsilon` (0.4 until :func:`set_worker_epsilons` assigns the worker's value);
+    ``epsilon`` is :attr:`exploration_epsilon` (0.4 until :func:`set_worker_exploration` assigns the worker's value);
     DQN's annealing schedule is not used. The ``priorities`` column is ``|Q(s, a) - y| + eps`` with the n-step
     target ``y`` bootstrapped from the worker's online network (its target network is never synced).
 
@@ -333,6 +394,10 @@ class ApexPolicy(DQNPolicy):
     def epsilon(self) -> float:
         """The worker's fixed exploration epsilon."""
         return self.exploration_epsilon
+
+    def set_worker_exploration(self, scale: float) -> None:
+        """Explores with epsilon ``scale`` (see :class:`ExploresPerWorker`)."""
+        self.exploration_epsilon = scale
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         batch = super().postprocess_trajectory(batch)

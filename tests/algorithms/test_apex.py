@@ -16,9 +16,10 @@ import ray
 
 from flowrl.algorithms import apex
 from flowrl.algorithms import get_algorithm
-from flowrl.algorithms.apex import (ALGORITHM, ApexConfig, ApexPolicy, ReplayShards, make_owned_state,
-                                    make_replay_shards, per_worker_epsilon, plan, set_worker_epsilons)
-from flowrl.algorithms.dqn import NSTEP_DISCOUNTS
+from flowrl.algorithms.apex import (ALGORITHM, ApexConfig, ApexPolicy, ApexSettings, ExploresPerWorker,
+                                    ReplayShards, make_owned_state, make_replay_shards, per_worker_epsilon, plan,
+                                    set_worker_epsilons, set_worker_exploration, worker_exploration_scale)
+from flowrl.algorithms.dqn import NSTEP_DISCOUNTS, DQNConfig, DQNPolicy
 from flowrl.config import ModelConfig, available_cpus
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, TERMINATEDS, TRUNCATEDS,
                                  SampleBatch)
@@ -70,6 +71,7 @@ def test_config_has_apex_defaults() -> None:
             c.replay_buffer_shards_colocated_with_driver) == \
         (min(32, available_cpus()), 0, 4, 400, 3, 2_000_000, 50000, 512, 50, 500000, 1000, 0, True, None, True)
     assert c.prioritized_replay and c.double_q and c.dueling  # DQN's, inherited
+    assert isinstance(c, ApexSettings) and isinstance(c, DQNConfig)
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.num_workers = 1  # type: ignore[misc]  # the point of the test
 
@@ -117,6 +119,15 @@ def test_per_worker_epsilons_follow_the_ape_x_formula() -> None:
     assert per_worker_epsilon(0, 1) == per_worker_epsilon(0, 0) == 0.4  # no division by zero
     assert ApexConfig(num_workers=0).worker_epsilons == [0.4]
     assert ApexConfig(num_workers=2).worker_epsilons == pytest.approx([0.4, 0.4 ** 8])
+    assert ApexConfig(num_workers=5).worker_exploration == ApexConfig(num_workers=5).worker_epsilons
+
+
+def test_worker_exploration_scale_gives_remote_workers_the_formula_and_the_local_one_0_or_04() -> None:
+    for n in (1, 2, 8):
+        assert [worker_exploration_scale(i + 1, n) for i in range(n)] == ApexConfig(num_workers=n).worker_epsilons
+        assert worker_exploration_scale(0, n) == 0.0  # the learner's replica never samples
+    assert worker_exploration_scale(0, 0) == 0.4  # the local worker samples alone
+    assert set_worker_epsilons is set_worker_exploration  # the old name still works
 
 
 def test_each_worker_gets_its_epsilon_and_keeps_it_through_broadcasts() -> None:
@@ -124,17 +135,28 @@ def test_each_worker_gets_its_epsilon_and_keeps_it_through_broadcasts() -> None:
     workers = WorkerSet(policy_class=ApexPolicy, config=config)
     try:
         assert workers.foreach_worker(_epsilon) == [0.4, 0.4, 0.4]  # before assignment
-        set_worker_epsilons(workers, config)
+        set_worker_exploration(workers, config)
         workers.sync_weights(global_vars={"timestep": 10**6})  # DQN's annealing schedule would move it
         epsilons = workers.foreach_worker(_epsilon)
         assert epsilons == pytest.approx([0.0, 0.4, 0.4 ** 8])  # the local worker is the greedy learner replica
     finally:
         workers.stop()
     local = WorkerSet(policy_class=ApexPolicy, config=dataclasses.replace(config, num_workers=0))
-    set_worker_epsilons(local, config)  # config says 2 workers, but local has none: this worker set samples locally
+    set_worker_exploration(local, config)  # config says 2 workers, but local has none: this worker set samples locally
     assert _epsilon(local.local_worker()) == 0.0
-    set_worker_epsilons(local, dataclasses.replace(config, num_workers=0))
+    set_worker_exploration(local, dataclasses.replace(config, num_workers=0))
     assert _epsilon(local.local_worker()) == 0.4
+
+
+def test_policies_that_do_not_explore_per_worker_are_left_alone() -> None:
+    config = DQNConfig(seed=0, env="CartPole-v1", model=TINY, hiddens=(8,))
+    workers = WorkerSet(policy_class=DQNPolicy, config=config)
+    policy = workers.local_worker().get_policy()
+    assert isinstance(policy, DQNPolicy) and not isinstance(policy, ExploresPerWorker)
+    set_worker_exploration(workers, config)
+    assert not hasattr(policy, "exploration_epsilon") and policy.epsilon == config.initial_epsilon
+    assert isinstance(ApexPolicy(gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2), SMALL),
+                      ExploresPerWorker)
 
 
 def test_epsilon_drives_compute_actions() -> None:
