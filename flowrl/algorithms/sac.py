@@ -136,7 +136,8 @@ class SACConfig(OffPolicyConfig):
                              f"has no three-network update; set num_gpus <= 1 and simple_optimizer=None")
 
 
-def squashed_gaussian_sample(dist_inputs: torch.Tensor, noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def squashed_gaussian_sample(dist_inputs: torch.Tensor,
+                             noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(actions, logp)`` of a tanh-squashed diagonal Gaussian: ``actions = tanh(u)``, ``u = mean + std * noise``
     (``noise=None``: ``u = mean``), ``logp = log N(u; mean, std) - sum log(1 - tanh(u)^2)``, the correction
     written ``2 (log 2 - u - softplus(-2u))`` so that it stays finite where ``tanh(u)`` rounds to 1.
@@ -167,7 +168,8 @@ class SACModel(nn.Module):
 
     Examples:
         >>> model = SACModel(gym.spaces.Box(-1, 1, (3,)), 1, SACConfig(actor_hiddens=(8,), critic_hiddens=(8,)))
-        >>> tuple(model.actor(torch.zeros(4, 3)).shape), tuple(model.critics(torch.zeros(4, 3), torch.zeros(4, 1)).shape)
+        >>> obs = torch.zeros(4, 3)
+        >>> tuple(model.actor(obs).shape), tuple(model.critics(obs, torch.zeros(4, 1)).shape)
         ((4, 2), (2, 4))
     """
 
@@ -308,7 +310,7 @@ class SACPolicy(Policy):
         obs, next_obs = batch[OBS], batch[NEXT_OBS]
         size = len(obs)
         noise, next_noise = torch.randn(2 * size, self.action_dim, generator=self.generator,
-                                        device=self.device).split(size)
+                                        device=self.device).chunk(2)
         pi_actions, logp = squashed_gaussian_sample(model.actor(obs), noise)
         log_alpha = model.log_alpha
         alpha = log_alpha.detach().exp()
