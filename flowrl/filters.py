@@ -84,7 +84,8 @@ class RunningStat:
 
     @property
     def std(self) -> np.ndarray:
-        return np.sqrt(self.var)
+        std: np.ndarray = np.sqrt(self.var)
+        return std
 
     def copy(self) -> RunningStat:
         out = RunningStat(self.shape)

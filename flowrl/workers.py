@@ -156,7 +156,7 @@ class RolloutWorker(ParallelIteratorWorker):
         self.obs_filter = self._make_filter(config)
         self._obs: Any = self.env.reset()
         if self.obs_filter is not None:
-            self._obs = self.obs_filter(self._obs)
+            self._obs = self.obs_filter(np.asarray(self._obs))
         self._eps_id = np.arange(n, dtype=np.int64) + worker_index * 10**9  # unique per worker
         self._next_eps = int(self._eps_id[-1]) + 1
         self._ep_t = np.zeros(n, dtype=np.int64)
@@ -172,6 +172,7 @@ class RolloutWorker(ParallelIteratorWorker):
         """The observation filter ``config.observation_filter`` names, for this worker's observation space."""
         if config.observation_filter == "NoFilter":
             return None
+        assert isinstance(self.env, VectorEnv)  # a multi-agent config refuses filters (RolloutConfig)
         space = self.env.observation_space
         if not isinstance(space, gym.spaces.Box) or space.dtype.kind != "f":
             raise ValueError(f"observation_filter={config.observation_filter!r} normalizes float Box observations; "

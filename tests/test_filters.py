@@ -154,7 +154,7 @@ def test_mean_std_filter_normalizes_every_observation_once_in_the_order_seen() -
         np.testing.assert_array_equal(per_env(batch, OBS, i), np.stack([o[i] for o in want_obs[:-1]]))
         np.testing.assert_array_equal(per_env(batch, NEXT_OBS, i), np.stack([o[i] for o in want_next]))
     assert w.obs_filter is not None and w.obs_filter.running.count == sum(len(s) for s in seen)
-    np.testing.assert_allclose(w.obs_filter.running.mean, np.concatenate(seen).mean(axis=0))
+    np.testing.assert_allclose(w.obs_filter.running.mean, np.concatenate(seen).astype(np.float64).mean(axis=0))
     assert not np.array_equal(batch[OBS], np.concatenate(raw_obs))
 
 
