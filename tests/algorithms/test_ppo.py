@@ -378,9 +378,10 @@ def torch_threads(n: int) -> Iterator[None]:
 
 def pendulum_config(config_class: type[TrainerConfig], free_log_std: bool, **overrides: Any) -> Any:
     """A cheap Pendulum-v1 config: 2 envs x 50 steps, a 16-unit model with a free or a state-dependent log-std."""
-    return config_class(env="Pendulum-v1", seed=0, num_workers=0, num_envs_per_worker=2, rollout_fragment_length=50,
-                        train_batch_size=200, model=ModelConfig(hidden_sizes=(16,), free_log_std=free_log_std),
-                        **overrides)
+    settings = {"env": "Pendulum-v1", "seed": 0, "num_workers": 0, "num_envs_per_worker": 2,
+                "rollout_fragment_length": 50, "train_batch_size": 200,
+                "model": ModelConfig(hidden_sizes=(16,), free_log_std=free_log_std), **overrides}
+    return config_class(**settings)
 
 
 def assert_plan_trains_gaussian_actions(algorithm: str, config: TrainerConfig, iterations: int = 2) -> None:
@@ -404,10 +405,10 @@ def assert_plan_trains_gaussian_actions(algorithm: str, config: TrainerConfig, i
         obs = np.zeros((4000, 3), np.float32)
         actions, extras = policy.compute_actions(obs)
         mean, log_std = np.split(extras[ACTION_DIST_INPUTS][0], 2)
-        np.testing.assert_allclose(actions.mean(axis=0), mean, atol=5 * np.exp(log_std) / np.sqrt(4000))
+        np.testing.assert_allclose(actions.mean(axis=0), mean, atol=float(5 * np.exp(log_std).max() / np.sqrt(4000)))
         np.testing.assert_allclose(actions.std(axis=0), np.exp(log_std), rtol=0.1)
-        greedy, _ = policy.compute_actions(obs[:2], explore=False)
-        np.testing.assert_array_equal(greedy, np.broadcast_to(mean, greedy.shape))
+        greedy, extras = policy.compute_actions(obs[:2], explore=False)
+        np.testing.assert_array_equal(greedy, np.split(extras[ACTION_DIST_INPUTS], 2, axis=1)[0])  # the mean
     finally:
         it.close()
         workers.stop()
@@ -457,7 +458,7 @@ def test_checkpoint_evaluates_deterministically_with_the_mean_and_loads_for_infe
     policy = load(path)
     obs = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, -3.0], [-1.0, 0.0, 8.0]], np.float32)
     mean = policy.policy.compute_actions(obs, explore=False)[1][ACTION_DIST_INPUTS][:, :1]
-    np.testing.assert_allclose(policy.compute_actions(obs), 2.0 * np.clip(mean, -1, 1), rtol=1e-6)  # bounds [-2, 2]
+    np.testing.assert_allclose(policy.compute_actions(obs), 2.0 * np.clip(mean, -1, 1), atol=1e-6)  # bounds [-2, 2]
     single = policy.compute_single_action(obs[0])
     assert single.shape == (1,) and single.dtype == np.float32 and -2.0 <= float(single[0]) <= 2.0
 
