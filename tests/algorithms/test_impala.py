@@ -411,3 +411,10 @@ def test_plan_trains_gaussian_actions_on_pendulum(free_log_std: bool) -> None:
     """V-trace over Box actions: the log-probabilities of the behaviour and target Gaussians."""
     config = pendulum_config(IMPALAConfig, free_log_std, timesteps_per_iteration=0)
     assert_plan_trains_gaussian_actions("impala", config, iterations=3)
+
+
+def test_tree_aggregation_refuses_an_observation_filter() -> None:
+    """Aggregators send the weights (and so the merged filter) on but do not gather the workers' statistics."""
+    with pytest.raises(ValueError, match=re.escape("observation_filter='MeanStdFilter' with num_aggregation_workers=1"
+                                                   ": the aggregators")):
+        IMPALAConfig(num_workers=2, num_aggregation_workers=1, observation_filter="MeanStdFilter")
