@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, Typ
 from flowrl._config_hints import Hint, config_field_types, field_hints
 from flowrl.envs.base import EnvSpec, check_seed
 from flowrl.envs.policy_mapping import make_policy_mapping
+from flowrl.filters import OBSERVATION_FILTERS, ObservationFilterName
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import bounded, check_bounds
 
@@ -249,6 +250,12 @@ class RolloutConfig(PolicyConfig):
             raises otherwise. ``None`` waits forever. It does not apply to the local worker: with
             ``num_workers=0`` the driver samples itself, and nothing can interrupt an ``env.step`` hanging in
             the driver.
+        observation_filter: ``"NoFilter"`` (observations as the env gives them) or ``"MeanStdFilter"``: each
+            worker normalizes what its policy sees by the running mean and std of the observations (clipped to
+            [-10, 10]; :mod:`flowrl.filters`); the sampled batches hold the normalized observations, the driver
+            merges the workers' new statistics whenever it sends weights and sends the merged ones with them,
+            checkpoints keep them and evaluation and :mod:`flowrl.inference` apply them, frozen. Single-agent,
+            float observations only.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -266,6 +273,7 @@ class RolloutConfig(PolicyConfig):
     profile: bool = False
     sample_timeout_s: float | None = bounded(600.0, gt=0, meaning="seconds the driver waits for a remote "
                                              "worker's sample; None waits forever")
+    observation_filter: ObservationFilterName = "NoFilter"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -284,6 +292,11 @@ class RolloutConfig(PolicyConfig):
             unknown = sorted(set(self.policies_to_train) - known)
             if unknown:
                 raise ValueError(f"policies_to_train names unknown policies {unknown}; known: {sorted(known)}")
+        if self.observation_filter not in OBSERVATION_FILTERS:
+            raise ValueError(f"observation_filter={self.observation_filter!r}; use one of {list(OBSERVATION_FILTERS)}")
+        if self.observation_filter != "NoFilter" and self.policies is not None:
+            raise ValueError(f"observation_filter={self.observation_filter!r} is not supported with multi-agent "
+                             f"policies yet; use 'NoFilter'")
         if self.batch_mode not in ("truncate_episodes", "complete_episodes"):
             raise ValueError(f"batch_mode={self.batch_mode!r}; use 'truncate_episodes' or 'complete_episodes'")
 

@@ -7,8 +7,8 @@ over-counted (taking whichever N finish first across envs would favour them).
 :func:`evaluate_multi_agent` does the same for the policies of a multi-agent env, each acting for the
 agents mapped to it, and also reports each policy's returns.
 :func:`evaluate_checkpoint` rebuilds a registered algorithm's policies from a checkpoint
-(:func:`flowrl.inference.load_policies`: no Ray, no workers) and evaluates them on the saved config's env,
-optionally rendering it on screen or recording one video per episode.
+(:func:`flowrl.inference.load_policies`: no Ray, no workers, with the trained observation filter, if any) and
+evaluates them on the saved config's env, optionally rendering it on screen or recording one video per episode.
 
 Examples:
     >>> import gymnasium as gym
@@ -34,6 +34,7 @@ import numpy as np
 
 from flowrl.envs import (EnvContext, EnvSpec, MultiAgentVectorEnv, PolicyMapping, VectorEnv, make_env,
                          make_policy_mapping)
+from flowrl.filters import MeanStdFilter
 from flowrl.policy import Policy
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import check_int
@@ -93,7 +94,8 @@ def _quota(episodes: int, num_envs: int) -> list[int]:
     return [episodes // num_envs + (1 if i < episodes % num_envs else 0) for i in range(num_envs)]
 
 
-def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: bool = False) -> EvaluationResult:
+def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: bool = False,
+                    obs_filter: MeanStdFilter | None = None) -> EvaluationResult:
     """The first episodes of each env of ``env`` (``episodes`` in all), acting with ``policy``.
 
     Args:
@@ -102,6 +104,8 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
             the first ``episodes % N`` envs. Its episodes must end (a time limit or a terminal state).
         episodes: how many complete episodes, >= 1.
         explore: sample actions (True) or take the most likely one (False, greedy).
+        obs_filter: the observation filter the policy was trained with (``RolloutConfig.observation_filter``),
+            applied frozen: the policy sees observations normalized as in training, and the filter stays as it is.
 
     Raises:
         ValueError: ``episodes < 1``.
@@ -111,7 +115,8 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
     per_env: list[list[tuple[float, int]]] = [[] for _ in quota]
     obs = env.reset()
     while any(len(done) < want for done, want in zip(per_env, quota)):
-        actions, _ = policy.compute_actions(obs, explore=explore)
+        actions, _ = policy.compute_actions(obs if obs_filter is None else obs_filter(obs, update=False),
+                                            explore=explore)
         step = env.step(policy.env_actions(actions))
         for ep in step.episodes:
             if len(per_env[ep.env_index]) < quota[ep.env_index]:
@@ -253,7 +258,8 @@ def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: 
 
     _check_episodes(episodes)
     algorithm, config = load_checkpoint_config(checkpoint_path, env=env)
-    policies = {pid: trained.policy for pid, trained in load_policies(checkpoint_path, env=env).items()}
+    trained = load_policies(checkpoint_path, env=env)
+    policies = {pid: policy.policy for pid, policy in trained.items()}
     mode: RenderMode | None = "rgb_array" if video_dir is not None else "human" if render else None
     num_envs = 1 if mode is not None else min(episodes, MAX_EVAL_ENVS)
     if config.policies is not None:
@@ -274,6 +280,7 @@ def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: 
     vector_env = VectorEnv(env_spec, num_envs, seed=seed, config=config.env_config,
                            backend="loop" if mode is not None else "auto")
     try:
-        return evaluate_policy(policies[DEFAULT_POLICY_ID], vector_env, episodes=episodes, explore=explore)
+        return evaluate_policy(policies[DEFAULT_POLICY_ID], vector_env, episodes=episodes, explore=explore,
+                               obs_filter=trained[DEFAULT_POLICY_ID].obs_filter)
     finally:
         vector_env.close()

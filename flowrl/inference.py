@@ -44,6 +44,7 @@ from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorith
                                 restoring)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.config import PolicyConfig, TrainerConfig, config_from_data
+from flowrl.filters import MeanStdFilter, make_filter
 from flowrl.policy import Policy, space_from_data
 
 __all__ = ["TrainedPolicy", "load", "load_policies"]
@@ -59,10 +60,14 @@ class TrainedPolicy:
         checkpoint: the checkpoint directory it was loaded from.
         observation_space: one observation's space.
         action_space: one action's space.
+        obs_filter: the observation filter it was trained with (``RolloutConfig.observation_filter``), as the
+            checkpoint saved it; :meth:`compute_actions` applies it frozen (``None``: ``"NoFilter"``).
     """
 
-    def __init__(self, policy: Policy, *, policy_id: str, algorithm: str, checkpoint: Path) -> None:
+    def __init__(self, policy: Policy, *, policy_id: str, algorithm: str, checkpoint: Path,
+                 obs_filter: MeanStdFilter | None = None) -> None:
         self.policy, self.policy_id, self.algorithm, self.checkpoint = policy, policy_id, algorithm, checkpoint
+        self.obs_filter = obs_filter
         self.observation_space: gym.Space[Any] = policy.observation_space
         self.action_space: gym.Space[Any] = policy.action_space
 
@@ -84,6 +89,8 @@ class TrainedPolicy:
             raise ValueError(f"observations of shape {obs.shape}; policy {self.policy_id!r} takes a batch "
                              f"[B, {', '.join(map(str, shape))}] ({self.observation_space}); for one observation "
                              f"use compute_single_action")
+        if self.obs_filter is not None:
+            obs = self.obs_filter(obs, update=False)
         actions, _ = self.policy.compute_actions(obs, explore=explore)
         actions = self.policy.env_actions(actions)
         if isinstance(self.action_space, gym.spaces.Box):
@@ -125,14 +132,14 @@ def load(path: str | Path, policy_id: str | None = None, *, device: str = "cpu",
             model size (naming the file and the key).
     """
     checkpoint = find_checkpoint(path)
-    algorithm, config, saved = _read(checkpoint)
+    algorithm, config, saved, filter_state = _read(checkpoint)
     ids = sorted(saved)
     wanted = policy_id if policy_id is not None else (ids[0] if len(ids) == 1 else None)
     if wanted not in saved:
         given = "no policy_id" if policy_id is None else f"policy_id={policy_id!r}"
         raise ValueError(f"{checkpoint} holds the policies {ids}; {given} names one of them: pass policy_id="
                          f"{ids[0]!r}, say, or load them all with flowrl.inference.load_policies(path)")
-    return _build(algorithm, config, checkpoint, wanted, saved[wanted], device, env)
+    return _build(algorithm, config, checkpoint, wanted, saved[wanted], device, env, filter_state)
 
 
 def load_policies(path: str | Path, *, device: str = "cpu", env: str | None = None) -> dict[str, TrainedPolicy]:
@@ -149,13 +156,14 @@ def load_policies(path: str | Path, *, device: str = "cpu", env: str | None = No
         ValueError: as :func:`load`.
     """
     checkpoint = find_checkpoint(path)
-    algorithm, config, saved = _read(checkpoint)
-    return {pid: _build(algorithm, config, checkpoint, pid, state, device, env)
+    algorithm, config, saved, filter_state = _read(checkpoint)
+    return {pid: _build(algorithm, config, checkpoint, pid, state, device, env, filter_state)
             for pid, state in sorted(saved.items())}
 
 
-def _read(checkpoint: Path) -> tuple[Algorithm, TrainerConfig, dict[str, Any]]:
-    """The checkpoint's algorithm, a config its policies can be built from, and each policy's saved state."""
+def _read(checkpoint: Path) -> tuple[Algorithm, TrainerConfig, dict[str, Any], Mapping[str, Any] | None]:
+    """The checkpoint's algorithm, a config its policies can be built from, each policy's saved state and the
+    local worker's observation filter state (``None``: none saved)."""
     name = checkpoint_algorithm(checkpoint)
     if name.lower() not in ALGORITHMS:
         raise ValueError(f"{checkpoint} is a checkpoint of {name!r}, which is not a registered algorithm "
@@ -173,7 +181,7 @@ def _read(checkpoint: Path) -> tuple[Algorithm, TrainerConfig, dict[str, Any]]:
     except (KeyError, AttributeError, TypeError) as e:  # a crafted config
         raise ValueError(f"{checkpoint}: its config is malformed ({e!r:.200}); the checkpoint was not written by "
                          f"Trainer.save") from e
-    return algorithm, config, dict(tree["local_worker"]["policies"])
+    return algorithm, config, dict(tree["local_worker"]["policies"]), tree["local_worker"].get("obs_filter")
 
 
 def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Path) -> TrainerConfig:
@@ -194,7 +202,7 @@ def _policy_config(algorithm: Algorithm, data: Mapping[str, Any], checkpoint: Pa
 
 
 def _build(algorithm: Algorithm, config: TrainerConfig, checkpoint: Path, policy_id: str, state: Mapping[str, Any],
-           device: str, env: str | None) -> TrainedPolicy:
+           device: str, env: str | None, filter_state: Mapping[str, Any] | None) -> TrainedPolicy:
     policy_class: type[Policy] = algorithm.policy_class
     policy_config: PolicyConfig = config
     if config.policies is not None:
@@ -212,7 +220,16 @@ def _build(algorithm: Algorithm, config: TrainerConfig, checkpoint: Path, policy
     policy = policy_class(obs_space, action_space, dataclasses.replace(policy_config, device=device))
     with restoring(checkpoint, key):
         policy.set_state(state)
-    return TrainedPolicy(policy, policy_id=policy_id, algorithm=algorithm.name, checkpoint=checkpoint)
+    obs_filter = None
+    if config.observation_filter != "NoFilter":
+        obs_filter = make_filter(config.observation_filter, tuple(obs_space.shape or ()))
+        assert obs_filter is not None  # not "NoFilter"
+        with restoring(checkpoint, "local_worker"):
+            if filter_state is None:
+                raise KeyError("obs_filter")
+            obs_filter.set_state(filter_state)
+    return TrainedPolicy(policy, policy_id=policy_id, algorithm=algorithm.name, checkpoint=checkpoint,
+                         obs_filter=obs_filter)
 
 
 def _spaces_from_env(algorithm: Algorithm, config: TrainerConfig,

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
+import gymnasium as gym
 import numpy as np
 import ray
 import torch
@@ -30,13 +31,18 @@ from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
 from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
                          make_policy_mapping)
+from flowrl.filters import MeanStdFilter, make_filter
 from flowrl.iter import ParallelIteratorWorker
 from flowrl.policy import Policy
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
 __all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet", "unresponsive_actors",
-           "check_finite_env_output"]
+           "check_finite_env_output", "OBS_FILTER_KEY"]
+
+#: the entry of a policy's weights (:meth:`RolloutWorker.get_weights`) that carries the worker's observation filter
+#: statistics (:meth:`flowrl.filters.RunningStat.to_array`) while ``observation_filter`` is not ``"NoFilter"``
+OBS_FILTER_KEY = "__obs_filter__"
 
 R = TypeVar("R")
 
@@ -147,7 +153,10 @@ class RolloutWorker(ParallelIteratorWorker):
             self.env, self.policy_map = self._make_multi_agent(policy_class, config, policy_config)
         self.policies_to_train = list(config.policies_to_train or self.policy_map)
         self._versioned = config.profile  # stamp sampled rows with, and send, the weights' versions
+        self.obs_filter = self._make_filter(config)
         self._obs: Any = self.env.reset()
+        if self.obs_filter is not None:
+            self._obs = self.obs_filter(np.asarray(self._obs))
         self._eps_id = np.arange(n, dtype=np.int64) + worker_index * 10**9  # unique per worker
         self._next_eps = int(self._eps_id[-1]) + 1
         self._ep_t = np.zeros(n, dtype=np.int64)
@@ -159,6 +168,17 @@ class RolloutWorker(ParallelIteratorWorker):
         while True:
             yield self.sample()
 
+    def _make_filter(self, config: RolloutConfig) -> MeanStdFilter | None:
+        """The observation filter ``config.observation_filter`` names, for this worker's observation space."""
+        if config.observation_filter == "NoFilter":
+            return None
+        assert isinstance(self.env, VectorEnv)  # a multi-agent config refuses filters (RolloutConfig)
+        space = self.env.observation_space
+        if not isinstance(space, gym.spaces.Box) or space.dtype.kind != "f":
+            raise ValueError(f"observation_filter={config.observation_filter!r} normalizes float Box observations; "
+                             f"env {_env_label(config.env)} observes {space}; use observation_filter='NoFilter'")
+        return make_filter(config.observation_filter, space.shape)
+
     # -- sampling --------------------------------------------------------------------------------
     def _step_chunk(self, steps: int) -> list[SampleBatch]:
         """Steps every env ``steps`` times; returns one time-ordered raw trajectory per env."""
@@ -166,7 +186,7 @@ class RolloutWorker(ParallelIteratorWorker):
         assert isinstance(env, VectorEnv)  # single-agent config, checked in __init__
         obs, actions, rewards, terms, truncs, next_obs = [], [], [], [], [], []
         extras: dict[str, list[np.ndarray]] = {}
-        episodes = self._episodes
+        episodes, obs_filter = self._episodes, self.obs_filter
         for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
             acts, extra = policy.sample_actions(self._obs)
             step = env.step(policy.env_actions(acts))
@@ -175,12 +195,19 @@ class RolloutWorker(ParallelIteratorWorker):
             rewards.append(step.rewards)
             terms.append(step.terminateds)
             truncs.append(step.truncateds)
-            next_obs.append(step.final_obs)
             for key, value in extra.items():
                 extras.setdefault(key, []).append(value)
             if step.episodes:
                 episodes.extend(step.episodes)
-            self._obs = step.obs
+            if obs_filter is None:
+                next_obs.append(step.final_obs)
+                self._obs = step.obs
+            else:  # every observation the env returned goes through the filter once
+                next_obs.append(final := obs_filter(step.final_obs))
+                reset = step.terminateds | step.truncateds
+                self._obs = final.copy()
+                if reset.any():
+                    self._obs[reset] = obs_filter(step.obs[reset])
         columns = {OBS: obs, ACTIONS: actions, REWARDS: rewards, TERMINATEDS: terms, TRUNCATEDS: truncs,
                    NEXT_OBS: next_obs, **extras}
         stacked = {k: _env_major(v) for k, v in columns.items()}
@@ -374,19 +401,25 @@ class RolloutWorker(ParallelIteratorWorker):
 
     def get_weights(self, policies: Sequence[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
         """Each policy's weights by name; with the config's ``profile``, plus their version under
-        ``weights_version``."""
+        ``weights_version``; with an observation filter, plus its statistics under :data:`OBS_FILTER_KEY`."""
         weights = {pid: self.get_policy(pid).get_weights() for pid in (policies or list(self.policy_map))}
         if self._versioned:
             for pid, w in weights.items():
                 w[WEIGHTS_VERSION] = np.array(self.get_policy(pid).weights_version)
+        if self.obs_filter is not None and DEFAULT_POLICY_ID in weights:
+            weights[DEFAULT_POLICY_ID][OBS_FILTER_KEY] = self.obs_filter.running.to_array()
         return weights
 
     def set_weights(self, weights: Mapping[str, Mapping[str, np.ndarray]],
                     global_vars: Mapping[str, Any] | None = None) -> None:
         """Loads the weights of the policies present in ``weights`` (others keep theirs), adopting the
-        version they carry, if any."""
+        version they carry, if any, and the observation filter statistics (:meth:`MeanStdFilter.sync`)."""
         for pid, w in weights.items():
             policy = self.get_policy(pid)
+            if OBS_FILTER_KEY in w:
+                if self.obs_filter is not None:
+                    self.obs_filter.sync(w[OBS_FILTER_KEY])
+                w = {name: value for name, value in w.items() if name != OBS_FILTER_KEY}
             if WEIGHTS_VERSION in w:
                 w = {name: value for name, value in w.items() if name != WEIGHTS_VERSION}
                 policy.weights_version = int(weights[pid][WEIGHTS_VERSION])
@@ -394,18 +427,33 @@ class RolloutWorker(ParallelIteratorWorker):
         if global_vars is not None:
             self.set_global_vars(global_vars)
 
+    def take_filter_delta(self) -> np.ndarray | None:
+        """The statistics of the observations this worker filtered since the last call (cleared), for the driver
+        to merge (:meth:`WorkerSet.put_weights`); ``None`` without an observation filter."""
+        return None if self.obs_filter is None else self.obs_filter.take_delta()
+
+    def apply_filter_deltas(self, deltas: Sequence[np.ndarray | None]) -> None:
+        """Merges other workers' :meth:`take_filter_delta` into this worker's observation filter."""
+        if self.obs_filter is not None:
+            for delta in deltas:
+                if delta is not None:
+                    self.obs_filter.apply_delta(delta)
+
     def set_global_vars(self, global_vars: Mapping[str, Any]) -> None:
         for policy in self.policy_map.values():
             policy.on_global_var_update(global_vars)
 
     def get_state(self) -> dict[str, Any]:
         """Policies' state, the envs' state and RNG, and the episode bookkeeping (ids, steps, the
-        complete_episodes carry-over), as numpy and plain data: a restored worker samples on exactly
-        as this one would. Read under :attr:`learn_lock`."""
+        complete_episodes carry-over) and the observation filter (under ``obs_filter`` when there is one), as
+        numpy and plain data: a restored worker samples on exactly as this one would. Read under :attr:`learn_lock`."""
         with self.learn_lock:
-            return {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()},
-                    "env": self.env.get_state(), "next_eps": self._next_eps, "eps_id": self._eps_id.copy(),
-                    "ep_t": self._ep_t.copy(), "pending": [[dict(b) for b in per_env] for per_env in self._pending]}
+            state = {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()},
+                     "env": self.env.get_state(), "next_eps": self._next_eps, "eps_id": self._eps_id.copy(),
+                     "ep_t": self._ep_t.copy(), "pending": [[dict(b) for b in per_env] for per_env in self._pending]}
+            if self.obs_filter is not None:
+                state["obs_filter"] = self.obs_filter.get_state()
+            return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         with self.learn_lock:
@@ -413,6 +461,13 @@ class RolloutWorker(ParallelIteratorWorker):
                 self.get_policy(pid).set_state(s)
             self.env.set_state(state["env"])
             self._obs = self.env.current_obs
+            if self.obs_filter is not None:
+                if "obs_filter" not in state:
+                    raise ValueError(f"this worker filters observations ({self.config.observation_filter}) but the "
+                                     f"state has no 'obs_filter' (keys {sorted(state)}); restore a state saved with "
+                                     f"the same observation_filter")
+                self.obs_filter.set_state(state["obs_filter"])
+                self._obs = self.obs_filter(self._obs, update=False)  # pushed when it was first observed
             self._next_eps = int(state["next_eps"])
             self._eps_id, self._ep_t = np.array(state["eps_id"]), np.array(state["ep_t"])
             self._pending = [[SampleBatch(b) for b in per_env] for per_env in state["pending"]]
@@ -442,6 +497,7 @@ class WorkerSet:
         self._local: WorkerLike = worker_class(policy_class=policy_class, config=config, worker_index=0)
         self._remote: list[Any] = []
         self._outstanding: list[Any] = []
+        self._filter_deltas: list[Any] = []  # remote workers' take_filter_delta calls not merged yet
         if config.num_workers:
             runtime.ensure_initialized()
             self._check_resources()
@@ -471,7 +527,16 @@ class WorkerSet:
         return list(self._remote)
 
     def put_weights(self, policies: Sequence[str] | None = None) -> Any:
-        """One ``ray.put`` of the local worker's weights (of ``policies``; ``None``: all)."""
+        """One ``ray.put`` of the local worker's weights (of ``policies``; ``None``: all).
+
+        With an observation filter, the remote workers' new filter statistics that have arrived (without
+        waiting: each :meth:`send_weights` asks its recipients for theirs) are merged into the local worker's
+        filter first, so the weights carry the merged statistics to every worker they reach."""
+        if self._filter_deltas:
+            ready, self._filter_deltas = ray.wait(self._filter_deltas, num_returns=len(self._filter_deltas),
+                                                  timeout=0)
+            if ready and isinstance(self._local, RolloutWorker):
+                self._local.apply_filter_deltas(ray.get(ready))
         return ray.put(self._local.get_weights(policies))
 
     def send_weights(self, ref: Any, to: Sequence[Any] | None = None,
@@ -485,7 +550,10 @@ class WorkerSet:
             self._local.set_global_vars(global_vars)
         ready, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
         ray.get(ready)  # raises the actor error of a recipient that died
-        self._outstanding += [w.set_weights.remote(ref, global_vars) for w in (self._remote if to is None else to)]
+        recipients = self._remote if to is None else to
+        self._outstanding += [w.set_weights.remote(ref, global_vars) for w in recipients]
+        if self.config.observation_filter != "NoFilter":  # each recipient's statistics since its last send
+            self._filter_deltas += [w.take_filter_delta.remote() for w in recipients]
 
     def sync_weights(self, policies: Sequence[str] | None = None,
                      global_vars: Mapping[str, Any] | None = None) -> None:
@@ -514,23 +582,23 @@ class WorkerSet:
         if indices:
             ref = ray.put(self._local.get_weights())
             ray.get([self._remote[i].set_weights.remote(ref) for i in indices])
-            self._outstanding = []
+            self._outstanding, self._filter_deltas = [], []
 
     def remove_workers(self, indices: Sequence[int]) -> None:
         """Terminates those workers and drops them from the set."""
         for i in sorted(set(indices), reverse=True):
             ray.kill(self._remote.pop(i), no_restart=True)
-        self._outstanding = []
+        self._outstanding, self._filter_deltas = [], []
 
     def reset(self, new_remote_workers: list[Any]) -> None:
         """Replaces the remote workers with ``new_remote_workers`` (the old ones are not killed)."""
-        self._remote, self._outstanding = list(new_remote_workers), []
+        self._remote, self._outstanding, self._filter_deltas = list(new_remote_workers), [], []
 
     def stop(self) -> None:
         """Terminates every remote worker."""
         for w in self._remote:
             ray.kill(w, no_restart=True)
-        self._remote, self._outstanding = [], []
+        self._remote, self._outstanding, self._filter_deltas = [], [], []
 
 
 if TYPE_CHECKING:

@@ -122,6 +122,10 @@ class IMPALAConfig(TrainerConfig):
         if n > self.num_workers:
             raise ValueError(f"num_aggregation_workers={n} exceeds num_workers={self.num_workers}; each aggregator "
                              f"needs at least one rollout worker, so lower num_aggregation_workers")
+        if n > 0 and self.observation_filter != "NoFilter":
+            raise ValueError(f"observation_filter={self.observation_filter!r} with num_aggregation_workers={n}: the "
+                             f"aggregators send the weights to their workers and do not gather the workers' filter "
+                             f"statistics yet; set num_aggregation_workers=0 or observation_filter='NoFilter'")
         if 2 * n > self.num_workers:
             logger.warning("num_aggregation_workers=%d is more than half of num_workers=%d, so most aggregators "
                            "serve a single worker and only add a hop; use num_aggregation_workers <= %d (0: the "

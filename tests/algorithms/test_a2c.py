@@ -21,6 +21,7 @@ from flowrl.sample_batch import (ACTIONS, ADVANTAGES, NEXT_OBS, OBS, REWARDS, TE
 from flowrl.workers import RolloutWorker, WorkerSet
 
 from .test_pg import comparable, first_results, train_until
+from .test_ppo import assert_plan_trains_gaussian_actions, pendulum_config
 
 BOX4 = gym.spaces.Box(-1, 1, (4,), np.float32)
 
@@ -195,3 +196,9 @@ def test_a2c_learns_cartpole_within_500k_steps(hyperparameters: dict[str, Any]) 
     print(f"A2C {hyperparameters}: return {result['episode_reward_mean']:.1f} after {result['timesteps_total']} "
           f"steps, {seconds:.0f} s")
     assert result["episode_reward_mean"] >= 150
+
+
+@pytest.mark.parametrize("free_log_std", [True, False])
+def test_plan_trains_gaussian_actions_on_pendulum(free_log_std: bool) -> None:
+    assert_plan_trains_gaussian_actions("a2c", pendulum_config(A2CConfig, free_log_std, rollout_fragment_length=20,
+                                                               train_batch_size=40))

@@ -25,6 +25,8 @@ from flowrl.sample_batch import ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, T
 from flowrl.testing import make_fake_workers, plan_lines
 from flowrl.trainer import Trainer
 
+from .test_ppo import assert_plan_trains_gaussian_actions, pendulum_config
+
 SPACES = (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
 
 # -- config -----------------------------------------------------------------------------------------
@@ -287,3 +289,10 @@ def _learn_cartpole(max_steps: int) -> tuple[float, int]:
 def test_appo_learns_cartpole_within_200k_steps() -> None:
     mean_return, _ = _learn_cartpole(200_000)
     assert mean_return >= 150
+
+
+@pytest.mark.parametrize("free_log_std", [True, False])
+def test_plan_trains_gaussian_actions_on_pendulum(free_log_std: bool) -> None:
+    """V-trace over Box actions: the log-probabilities of the behaviour and target Gaussians."""
+    config = pendulum_config(APPOConfig, free_log_std, timesteps_per_iteration=0)
+    assert_plan_trains_gaussian_actions("appo", config, iterations=3)

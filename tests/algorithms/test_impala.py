@@ -24,8 +24,9 @@ from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, LOG
                                  TERMINATEDS, TRUNCATEDS, T, AnyBatch, SampleBatch)
 from flowrl.testing import SAMPLE_INDEX, WEIGHTS_VERSION, WORKER_INDEX, make_fake_workers, plan_lines
 from flowrl.trainer import Trainer
-
 from flowrl.workers import WorkerSet
+
+from .test_ppo import assert_plan_trains_gaussian_actions, pendulum_config
 
 # -- config -----------------------------------------------------------------------------------------
 
@@ -403,3 +404,17 @@ def test_impala_with_tree_aggregation_learns_cartpole() -> None:
         workers.stop()
     first, last = results[0], results[-1]
     assert last["episode_reward_mean"] >= 80 and last["episode_reward_mean"] >= 2 * first["episode_reward_mean"]
+
+
+@pytest.mark.parametrize("free_log_std", [True, False])
+def test_plan_trains_gaussian_actions_on_pendulum(free_log_std: bool) -> None:
+    """V-trace over Box actions: the log-probabilities of the behaviour and target Gaussians."""
+    config = pendulum_config(IMPALAConfig, free_log_std, timesteps_per_iteration=0)
+    assert_plan_trains_gaussian_actions("impala", config, iterations=3)
+
+
+def test_tree_aggregation_refuses_an_observation_filter() -> None:
+    """Aggregators send the weights (and so the merged filter) on but do not gather the workers' statistics."""
+    with pytest.raises(ValueError, match=re.escape("observation_filter='MeanStdFilter' with num_aggregation_workers=1"
+                                                   ": the aggregators")):
+        IMPALAConfig(num_workers=2, num_aggregation_workers=1, observation_filter="MeanStdFilter")
