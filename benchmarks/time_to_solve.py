@@ -181,19 +181,24 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def make_config(module: Any, name: str, seed: int, report_s: float) -> Any:
-    """The algorithm's default config on CartPole-v1 with ``seed``, the reporting cadence and its ``_SETTINGS``."""
+def make_config(module: Any, name: str, seed: int, report_s: float,
+                overrides: Mapping[str, Any] | None = None) -> Any:
+    """The algorithm's default config on CartPole-v1 with ``seed``, the reporting cadence and its ``_SETTINGS``
+    (``overrides``, when given, instead of them)."""
+    fields = setting_of(name).overrides if overrides is None else overrides
     return module.ALGORITHM.config_class(env="CartPole-v1", seed=seed, min_iter_time_s=report_s,
-                                         timesteps_per_iteration=0, **setting_of(name).overrides)
+                                         timesteps_per_iteration=0, **fields)
 
 
 def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budgets: Mapping[float, int],
-          max_train_s: float | None, report_s: float = 0.5, verbose: bool = True) -> dict[str, Any]:
+          max_train_s: float | None, report_s: float = 0.5, verbose: bool = True,
+          overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Trains ``name`` with ``seed`` on a fresh WorkerSet until :func:`stop_reason` says stop; the figures.
 
-    Ray must be initialised. The worker set is stopped (and the plan closed) before returning.
+    Ray must be initialised. The worker set is stopped (and the plan closed) before returning. ``overrides``:
+    config fields instead of the algorithm's ``_SETTINGS`` (see :func:`make_config`).
     """
-    config = make_config(module, name, seed, report_s)
+    config = make_config(module, name, seed, report_s, overrides)
     start = time.perf_counter()
     workers = WorkerSet(policy_class=module.ALGORITHM.policy_class, config=config)
     reports: list[tuple[float, int, float]] = []

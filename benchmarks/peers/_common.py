@@ -34,14 +34,15 @@ def loopback_ray() -> None:
 
 
 def parse_args(doc: str, *, max_steps: int, quick_steps: int,
-               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+               stop_return: float = THRESHOLDS[-1]) -> argparse.Namespace:
     """The peers' common command line (plus a script's own options); ``--quick`` caps the run at ``quick_steps``."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     if add_arguments is not None:
         add_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=max_steps, help="stop after this many env steps")
-    parser.add_argument("--stop-return", type=float, default=THRESHOLDS[-1], help="stop at this smoothed return")
+    parser.add_argument("--stop-return", type=float, default=stop_return, help="stop at this smoothed return")
     parser.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the learner")
     parser.add_argument("--quick", action="store_true", help=f"stop after {quick_steps:,} env steps")
     parser.add_argument("--out", default=None, help="also write the JSON result to this path")
@@ -55,20 +56,22 @@ class Progress:
     """Training wall seconds and env steps at which the smoothed return first reaches each threshold.
 
     The clock starts at construction; call :meth:`update` once per report (iteration) of the peer.
+    ``thresholds``: CartPole's 150 and 450 by default (Pendulum's SAC benchmark: -200).
     """
 
-    def __init__(self, *, stop_return: float, max_steps: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, *, stop_return: float, max_steps: int, clock: Callable[[], float] = time.perf_counter,
+                 thresholds: tuple[float, ...] = THRESHOLDS) -> None:
         self.stop_return, self.max_steps, self.clock = stop_return, max_steps, clock
         self.start = clock()
-        self.reached: dict[float, tuple[float, int] | None] = {t: None for t in THRESHOLDS}
+        self.thresholds = tuple(float(t) for t in thresholds)
+        self.reached: dict[float, tuple[float, int] | None] = {t: None for t in self.thresholds}
         self.mean_return, self.steps, self.reports = math.nan, 0, 0
 
     def update(self, *, steps: int, mean_return: float, log: bool = False) -> bool:
         """Records one report; returns whether training should stop (return or step budget reached)."""
         elapsed = self.clock() - self.start
         self.steps, self.mean_return, self.reports = steps, mean_return, self.reports + 1
-        for t in THRESHOLDS:
+        for t in self.thresholds:
             if self.reached[t] is None and mean_return >= t:
                 self.reached[t] = (round(elapsed, 2), steps)
         if log:
