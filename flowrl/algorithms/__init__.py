@@ -10,11 +10,11 @@ the config, ``plan``, the state the trainer owns (``make_owned_state``), the pol
 
 Examples:
     >>> sorted(ALGORITHMS)
-    ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'multiagent', 'pg', 'ppo']
-    >>> get_algorithm("sac")
+    ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'multiagent', 'pg', 'ppo', 'sac']
+    >>> get_algorithm("sacc")
     Traceback (most recent call last):
     ...
-    ValueError: unknown algorithm 'sac'; flowrl has ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'multiagent', 'pg', 'ppo']
+    ValueError: unknown algorithm 'sacc'; flowrl has ['a2c', 'a3c', 'apex', 'appo', 'dqn', 'impala', 'multiagent', 'pg', 'ppo', 'sac']
 """
 
 from __future__ import annotations
