@@ -123,7 +123,7 @@ SYSTEMS = {s.name: s for s in (
     System("sb3_sac", "Stable-Baselines3 SAC (1 env)", "peers/sb3_sac.py", True,
            ("--max-steps", "30000", *_TO_M200), ("--max-steps", "3000"), (-200,)),
     System("rllib_sac", "RLlib SAC (local env runner, 1 env)", "peers/rllib_sac.py", True,
-           ("--max-steps", "30000", *_TO_M200), ("--max-steps", "2000"), (-200,)),
+           ("--max-steps", "30000", *_TO_M200), ("--max-steps", "3000"), (-200,)),
     System("sac_lunar", "flowrl SAC, LunarLanderContinuous-v3", "sac_pendulum.py", False,
            ("--env", "LunarLanderContinuous-v3", "--max-steps", "300000", "--stop-return", "200"),
            ("--env", "LunarLanderContinuous-v3", "--max-steps", "5000"), (200,)),

@@ -40,7 +40,7 @@ THRESHOLDS = (-200.0,)
 
 
 def main() -> None:
-    args = parse_args(__doc__, max_steps=30_000, quick_steps=2_000, stop_return=THRESHOLDS[-1])
+    args = parse_args(__doc__, max_steps=30_000, quick_steps=3_000, stop_return=THRESHOLDS[-1])
     loopback_ray()
     start = time.perf_counter()
     import gymnasium
