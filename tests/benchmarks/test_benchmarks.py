@@ -125,6 +125,16 @@ def test_sac_script_doctests_pass() -> None:
     assert result.attempted > 0 and result.failed == 0
 
 
+def test_sac_benchmark_runs_the_matched_settings() -> None:
+    config = sac_pendulum.make_config(sac_pendulum.parse_args(["--seed", "3"]))
+    assert (config.env, config.seed, config.train_batch_size, config.actor_hiddens, config.critic_hiddens) == \
+        ("Pendulum-v1", 3, 256, (256, 256), (256, 256))
+    assert (config.learning_starts, config.rollout_fragment_length, config.round_robin_weights) == (1000, 1, [1.0, 1.0])
+    assert config.metrics_smoothing_episodes == 20 and config.timesteps_per_iteration == 1000  # as the peers report
+    lunar = sac_pendulum.make_config(sac_pendulum.parse_args(["--env", "LunarLanderContinuous-v3"]))
+    assert lunar.env == "LunarLanderContinuous-v3" and lunar.train_batch_size == 256
+
+
 def test_lunar_lander_without_box2d_is_skipped_saying_what_to_install(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "lunar.json"
