@@ -80,6 +80,24 @@ class Progress:
         return mean_return >= self.stop_return or steps >= self.max_steps
 
 
+def sb3_reporter(progress: Progress, every: int) -> Any:
+    """A Stable-Baselines3 callback that, every ``every`` env steps, gives ``progress`` the mean return of SB3's
+    episode window (``ep_info_buffer``) and stops training when it says so. SB3 is imported here, so this module
+    stays importable without the peer virtualenv."""
+    import numpy as np
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Report(BaseCallback):  # type: ignore[misc]  # SB3's classes are untyped here
+        def _on_step(self) -> bool:
+            if self.num_timesteps % every:
+                return True
+            returns = [ep["r"] for ep in self.model.ep_info_buffer]
+            mean_return = float(np.mean(returns)) if returns else float("nan")
+            return not progress.update(steps=self.num_timesteps, mean_return=mean_return, log=True)
+
+    return Report()
+
+
 def train_rllib(algo: Any, progress: Progress) -> float:
     """Runs an RLlib ``Algorithm``'s ``train()`` until ``progress`` says stop, then stops it and Ray; returns the
     training seconds. Ray is imported here, so this module stays importable without the peer virtualenv."""

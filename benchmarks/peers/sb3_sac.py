@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 
-from _common import Progress, emit, parse_args
+from _common import Progress, emit, parse_args, sb3_reporter
 
 REPORT_EVERY = 1000  # env steps, as flowrl's OffPolicyConfig.timesteps_per_iteration
 THRESHOLDS = (-200.0,)
@@ -39,11 +39,9 @@ def main() -> None:
     args = parse_args(__doc__, max_steps=30_000, quick_steps=3_000, stop_return=THRESHOLDS[-1])
     start = time.perf_counter()
     import gymnasium
-    import numpy as np
     import stable_baselines3
     import torch
     from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
     torch.set_num_threads(args.torch_threads)
@@ -54,18 +52,8 @@ def main() -> None:
                 policy_kwargs=dict(net_arch=[256, 256], activation_fn=torch.nn.ReLU, n_critics=2), **hyper)
     startup_s = time.perf_counter() - start
 
-    class Report(BaseCallback):
-        """Every REPORT_EVERY env steps: record the smoothed return; stop when done."""
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps % REPORT_EVERY:
-                return True
-            returns = [ep["r"] for ep in self.model.ep_info_buffer]
-            mean_return = float(np.mean(returns)) if returns else float("nan")
-            return not progress.update(steps=self.num_timesteps, mean_return=mean_return, log=True)
-
     progress = Progress(stop_return=args.stop_return, max_steps=args.max_steps, thresholds=THRESHOLDS)
-    model.learn(total_timesteps=args.max_steps, callback=Report())
+    model.learn(total_timesteps=args.max_steps, callback=sb3_reporter(progress, REPORT_EVERY))
     train_s = time.perf_counter() - progress.start
     emit(benchmark="sb3_sac", peer="stable-baselines3", version=stable_baselines3.__version__,
          config={"env": "Pendulum-v1", "n_envs": 1, **hyper, "net_arch": "pi and qf [256, 256] relu", "n_critics": 2,
