@@ -218,13 +218,27 @@ def median_steps_per_s(runs: Sequence[Mapping[str, Any]]) -> float | None:
     return _median([float(r["env_steps_per_s"]) for r in runs if "error" not in r and r.get("env_steps_per_s")])
 
 
+def median_steps_per_cpu_s(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median env steps per CPU second of the training process, over the runs that report both (``None`` if none):
+    for runs that sample and learn in one process, a figure that other processes' load barely moves.
+
+    Examples:
+        >>> median_steps_per_cpu_s([{"env_steps": 3000, "cpu_s": 2.0}, {"env_steps": 100, "cpu_s": None}])
+        1500.0
+    """
+    return _median([float(r["env_steps"]) / float(r["cpu_s"]) for r in runs
+                    if "error" not in r and r.get("env_steps") and r.get("cpu_s")])
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]],
-                   overhead_ratio: float | None) -> dict[str, float | None]:
-    """The summary's ratios from the trainer runs by system name (normalized records) and rollout_overhead's ratio.
+def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]], overhead_ratio: float | None,
+                   rate: Callable[[Sequence[Mapping[str, Any]]], float | None] = median_steps_per_s
+                   ) -> dict[str, float | None]:
+    """The summary's ratios from the trainer runs by system name (normalized records) and rollout_overhead's ratio;
+    ``rate`` gives a system's figure (env steps per wall second; :func:`median_steps_per_cpu_s`: per CPU second).
 
     Examples:
         >>> runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": 30.0}] * 3,
@@ -237,7 +251,7 @@ def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]],
     flowrl = runs.get("ppo_cartpole", [])
 
     def vs(peer: str, ours: str = "ppo_cartpole") -> float | None:
-        return _ratio(median_steps_per_s(runs.get(ours, [])), median_steps_per_s(runs.get(peer, [])))
+        return _ratio(rate(runs.get(ours, [])), rate(runs.get(peer, [])))
 
     return {"overhead_ratio": overhead_ratio, "ppo_vs_sb3": vs("sb3_ppo"), "ppo_vs_rllib": vs("rllib_ppo_2x1"),
             "ppo_time_to_450_vs_minimal": _ratio(median_seconds_to(flowrl, 450),
@@ -256,7 +270,7 @@ def normalize(raw: Mapping[str, Any], thresholds: Sequence[int] = THRESHOLDS) ->
             "env_steps": raw.get("env_steps", raw.get("env_steps_sampled")),
             **{f"{kind}_to_{t}": raw.get(f"{kind}_to_{t}") for t in thresholds for kind in ("seconds", "steps")},
             "train_s": raw.get("train_s"), "startup_s": raw.get("startup_s"), "final_return": raw.get("final_return"),
-            "version": raw.get("version")}
+            "cpu_s": raw.get("cpu_s"), "version": raw.get("version")}
 
 
 # -- running --------------------------------------------------------------------------------------------
@@ -360,8 +374,8 @@ def trainer_table(systems: Sequence[System], runs: Mapping[str, Sequence[Mapping
     flowrl_rate = median_steps_per_s(runs.get(flowrl.name, [])) if flowrl is not None else None
     thresholds, last = systems[0].thresholds, systems[0].thresholds[-1]
     heads = " | ".join(f"s to {t}" for t in thresholds)
-    print(f"\n| system | budget | runs ok | env steps/s (median) | flowrl / this | {heads} "
-          f"| steps to {last} | start-up s |\n|---|---|---:|---:|---:|{'---:|' * len(thresholds)}---:|---:|")
+    print(f"\n| system | budget | runs ok | env steps/s (median) | flowrl / this | steps per CPU-s | {heads} "
+          f"| steps to {last} | start-up s |\n|---|---|---:|---:|---:|---:|{'---:|' * len(thresholds)}---:|---:|")
     for s in systems:
         rs = runs[s.name]
         ok = [r for r in rs if "error" not in r]
@@ -370,7 +384,7 @@ def trainer_table(systems: Sequence[System], runs: Mapping[str, Sequence[Mapping
         ratio = _ratio(flowrl_rate, rate)
         to = " | ".join(_num(median_seconds_to(rs, t), 1) for t in thresholds)
         print(f"| {s.label} | {s.budget(quick)} | {len(ok)}/{len(rs)} | {_num(rate)} | {_num(ratio, 2)} "
-              f"| {to} | {_num(steps_last)} "
+              f"| {_num(median_steps_per_cpu_s(rs))} | {to} | {_num(steps_last)} "
               f"| {_num(_median([float(r['startup_s']) for r in ok if r.get('startup_s') is not None]), 1)} |")
 
 
@@ -417,14 +431,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             suite.trainers(name)
     overhead = suite.reports.get("rollout_overhead", {}).get("overhead_ratio")
     values = summary_values(suite.trainer_runs, overhead)
+    per_cpu = summary_values(suite.trainer_runs, None, rate=median_steps_per_cpu_s)
     line = format_summary(values)
     out = args.out or RESULTS / f"suite{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmarks": args.benchmarks, "quick": args.quick, "repeats": args.repeats,
-                               "summary": values, "summary_line": line, "scripts": suite.reports,
+                               "summary": values, "summary_line": line, "summary_per_cpu_s": per_cpu,
+                               "scripts": suite.reports,
                                "trainer_runs": suite.trainer_runs, "wall_s": round(time.perf_counter() - start, 1),
                                "machine": {**machine, "load_avg_end": os.getloadavg()}}, indent=2) + "\n")
     print(f"\nwrote {out} ({time.perf_counter() - start:.0f} s in all)")
+    print("the same ratios per CPU second of training: " + format_summary(per_cpu).replace("overhead_ratio=nan ", ""))
     print(line)
 
 

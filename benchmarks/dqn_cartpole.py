@@ -53,6 +53,7 @@ def main() -> None:
     rate = run["env_steps_sampled"] / run["train_s"]
     report = {"benchmark": "dqn_cartpole", "quick": args.quick, **run, "env_steps_per_s_sampled": round(rate, 1),
               "env_steps_per_s_trained": round(run["env_steps_trained"] / run["train_s"], 1),
+              "env_steps_per_cpu_s": round(run["env_steps_sampled"] / run["cpu_s"], 1) if run["cpu_s"] > 0 else None,
               "config": {"algorithm": "dqn (SB3's settings: MATCHED)" if args.matched else "dqn (DQNConfig defaults)",
                          "matched": {k: str(v) for k, v in MATCHED.items()} if args.matched else None,
                          "max_steps": args.max_steps,

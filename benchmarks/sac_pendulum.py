@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trainer = Trainer("sac", config)
     startup_s = time.perf_counter() - start
     reached: tuple[float, int] | None = None
-    steps, ret, train_start = 0, math.nan, time.perf_counter()
+    steps, ret, train_start, cpu_start = 0, math.nan, time.perf_counter(), time.process_time()
     try:
         while True:
             result = trainer.train()
@@ -113,9 +113,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if ret >= args.stop_return or steps >= args.max_steps:
                 break
     finally:
+        cpu_s = time.process_time() - cpu_start
         trainer.stop()
     key = int(args.threshold)
-    return {"env_steps_sampled": steps, "train_s": round(elapsed, 2), "startup_s": round(startup_s, 2),
+    return {"env_steps_sampled": steps, "train_s": round(elapsed, 2), "cpu_s": round(cpu_s, 2),
+            "startup_s": round(startup_s, 2),
             "final_return": None if math.isnan(ret) else round(ret, 1),
             f"seconds_to_{key}": None if reached is None else reached[0],
             f"steps_to_{key}": None if reached is None else reached[1],

@@ -208,11 +208,11 @@ def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budget
             raise RuntimeError(f"{name}: a rollout worker did not start")
         it = module.ALGORITHM.plan(workers, config)
         startup_s = time.perf_counter() - start
-        train_start = time.perf_counter()
+        train_start, cpu_start = time.perf_counter(), time.process_time()
         try:
             while True:
                 result = next(it)
-                train_s = time.perf_counter() - train_start
+                train_s, cpu_s = time.perf_counter() - train_start, time.process_time() - cpu_start
                 steps = int(result["info"]["num_steps_sampled"])
                 ret = float(result.get("episode_reward_mean", math.nan))  # absent before the first episode
                 reports.append((train_s, steps, ret))
@@ -227,7 +227,7 @@ def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budget
         workers.stop()
     info = result["info"]
     return {"seed": seed, "workers": config.num_workers, "startup_s": round(startup_s, 2),
-            "train_s": round(train_s, 2), "iterations": len(reports), "stopped_by": reason,
+            "train_s": round(train_s, 2), "cpu_s": round(cpu_s, 2), "iterations": len(reports), "stopped_by": reason,
             "env_steps_sampled": steps, "env_steps_trained": int(info["num_steps_trained"]),
             "final_return": round(ret, 1),
             **{f"seconds_to_{int(t)}": None if c is None else round(c.seconds, 2) for t, c in crossings.items()},

@@ -63,6 +63,7 @@ class Progress:
                  thresholds: tuple[float, ...] = THRESHOLDS) -> None:
         self.stop_return, self.max_steps, self.clock = stop_return, max_steps, clock
         self.start = clock()
+        self.cpu_start = time.process_time()  # this process's CPU seconds: a figure the machine's load barely moves
         self.thresholds = tuple(float(t) for t in thresholds)
         self.reached: dict[float, tuple[float, int] | None] = {t: None for t in self.thresholds}
         self.mean_return, self.steps, self.reports = math.nan, 0, 0
@@ -123,6 +124,7 @@ def emit(*, benchmark: str, peer: str, version: str, config: dict[str, Any], pro
               **{f"seconds_to_{int(t)}": None if hit is None else hit[0] for t, hit in progress.reached.items()},
               **{f"steps_to_{int(t)}": None if hit is None else hit[1] for t, hit in progress.reached.items()},
               "env_steps": steps, "train_s": round(train_s, 2), "startup_s": round(startup_s, 2),
+              "cpu_s": round(time.process_time() - progress.cpu_start, 2),
               "final_return": None if math.isnan(progress.mean_return) else round(progress.mean_return, 1),
               "config": config, "versions": versions,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}}

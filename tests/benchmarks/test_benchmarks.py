@@ -99,6 +99,15 @@ def test_summary_line_from_given_numbers() -> None:
          "ppo_vs_rllib_2x4=2.000 sac_vs_sb3=1.500 sac_vs_rllib=7.500 dqn_vs_sb3_matched=2.000")
 
 
+def test_ratios_per_cpu_second_read_each_runs_cpu_time() -> None:
+    runs = {"dqn_cartpole_matched": [{"env_steps": 5000, "cpu_s": 2.0, "env_steps_per_s": 900.0}] * 3,
+            "sb3_dqn": [{"env_steps": 5000, "cpu_s": 5.0, "env_steps_per_s": 1000.0},
+                        {"env_steps": 5000, "cpu_s": None, "env_steps_per_s": 1000.0}]}  # no CPU time: left out
+    per_cpu = suite.summary_values(runs, None, rate=suite.median_steps_per_cpu_s)
+    assert per_cpu["dqn_vs_sb3_matched"] == pytest.approx(2.5)
+    assert suite.summary_values(runs, None)["dqn_vs_sb3_matched"] == pytest.approx(0.9)  # per wall second
+
+
 def test_summary_line_writes_nan_for_what_was_not_measured() -> None:
     runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": None}] * 3,
             "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3}
