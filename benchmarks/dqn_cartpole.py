@@ -23,7 +23,7 @@ import json
 import platform
 from pathlib import Path
 
-from time_to_solve import load, runtime, solve, torch  # type: ignore[import-not-found]  # benchmarks/ on the path
+from time_to_solve import init_ray, load, solve, torch  # type: ignore[import-not-found]  # benchmarks/ on the path
 
 from flowrl.config import ModelConfig
 
@@ -47,7 +47,7 @@ def main() -> None:
         args.max_steps = min(args.max_steps, 5_000)
     thresholds = [t for t in THRESHOLDS if t <= args.stop_return] or [args.stop_return]
     torch.set_num_threads(args.torch_threads)
-    runtime.init(num_cpus=2, log_to_driver=False)
+    init_ray(num_cpus=2)
     run = solve(load("dqn"), "dqn", args.seed, thresholds, {t: args.max_steps for t in thresholds}, None,
                 overrides=MATCHED if args.matched else None)
     rate = run["env_steps_sampled"] / run["train_s"]

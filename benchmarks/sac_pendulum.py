@@ -90,12 +90,16 @@ def make_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Trains until the smoothed return reaches ``args.stop_return`` or ``args.max_steps`` env steps; the figures."""
-    from flowrl import runtime
     from flowrl.trainer import Trainer
+
+    try:  # run as a script (benchmarks/ on the path) or imported as benchmarks.sac_pendulum
+        from time_to_solve import init_ray  # type: ignore[import-not-found]
+    except ImportError:
+        from benchmarks.time_to_solve import init_ray
 
     torch.set_num_threads(args.torch_threads)
     start = time.perf_counter()
-    runtime.init(num_cpus=2, log_to_driver=False)
+    init_ray(num_cpus=2)
     config = make_config(args)
     trainer = Trainer("sac", config)
     startup_s = time.perf_counter() - start

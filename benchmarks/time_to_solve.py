@@ -101,6 +101,23 @@ _SETTINGS: dict[str, Setting] = {
 _UNLISTED = Setting({}, {150: 500_000, 450: 1_000_000}, 100_000)
 
 
+def init_ray(num_cpus: int, attempts: int = 3) -> None:
+    """``runtime.init(num_cpus=...)``, tried again (after ``ray.shutdown()``) when Ray's node does not come up in
+    time, which happens on a machine loaded by other work; the last failure is raised."""
+    import ray
+
+    for attempt in range(attempts):
+        try:
+            runtime.init(num_cpus=num_cpus, log_to_driver=False)
+            return
+        except Exception as error:  # Ray raises a bare Exception for a node that timed out starting up
+            if "timed out during startup" not in str(error) or attempt == attempts - 1:
+                raise
+            print(f"Ray did not start ({error}); trying again", flush=True)
+            ray.shutdown()
+            time.sleep(5)
+
+
 def setting_of(name: str) -> Setting:
     """How ``name`` runs here: its ``_SETTINGS`` entry, or the defaults with generous budgets."""
     return _SETTINGS.get(name, _UNLISTED)
