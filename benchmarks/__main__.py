@@ -21,7 +21,16 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
   Gives ``ppo_vs_sb3``, ``ppo_vs_rllib`` (2 x 1) and ``ppo_vs_rllib_2x4`` (flowrl / peer, medians of env steps/s)
   and ``ppo_time_to_450_vs_minimal`` (flowrl / minimal, medians of training seconds to a smoothed return of 450;
   a run that never gets there counts as infinitely slow).
-- ``dqn``: flowrl DQN (``dqn_cartpole.py``) beside Stable-Baselines3 and RLlib DQN with flowrl's DQN defaults.
+- ``dqn``: flowrl DQN (``dqn_cartpole.py``) beside Stable-Baselines3 and RLlib DQN with flowrl's DQN defaults, and
+  flowrl DQN at SB3's settings (``dqn_cartpole.py --matched``: no prioritized replay, dueling or double Q, SB3's
+  64-64-256 tanh network; batch, replay ratio, target period, learning_starts and buffer are both sides' already).
+  Gives ``dqn_vs_sb3_matched`` (flowrl matched / SB3, medians of env steps/s).
+- ``sac``: SAC on Pendulum-v1 at matched settings (batch 256, [256, 256] MLPs, one gradient step per env step,
+  learning starts 1,000): flowrl (``sac_pendulum.py``) beside Stable-Baselines3 and RLlib SAC; env steps/s and
+  training seconds to a smoothed (20-episode) return of -200. Gives ``sac_vs_sb3`` and ``sac_vs_rllib``.
+- ``sac_lunar`` (not in ``all``): flowrl SAC on LunarLanderContinuous-v3, env steps and seconds to a smoothed
+  return of 200 (``sac_pendulum.py --env LunarLanderContinuous-v3``); skipped, saying how to install it, without
+  gymnasium's box2d extra.
 - ``segment_tree`` (not in ``all``): prioritized replay's sum/min trees against a plain recursive Python tree,
   scalar and batched paths (``benchmarks/segment_tree.py``).
 - ``iter_overhead`` (not in ``all``): flowrl's gathers against the *best* hand-written Ray loops over sleeping
@@ -38,6 +47,7 @@ Each benchmark prints a markdown table; everything goes to ``benchmarks/results/
 JSON and log under ``benchmarks/results/suite[_quick]/``). The last line is::
 
     overhead_ratio=... ppo_vs_sb3=... ppo_vs_rllib=... ppo_time_to_450_vs_minimal=... ppo_vs_rllib_2x4=...
+    sac_vs_sb3=... sac_vs_rllib=... dqn_vs_sb3_matched=...
 
 with ``nan`` for what was not measured.
 """
@@ -61,8 +71,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
 PEERS_PYTHON = HERE / "peers" / ".venv" / "bin" / "python"
-SUMMARY_KEYS = ("overhead_ratio", "ppo_vs_sb3", "ppo_vs_rllib", "ppo_time_to_450_vs_minimal", "ppo_vs_rllib_2x4")
-THRESHOLDS = (150, 450)
+SUMMARY_KEYS = ("overhead_ratio", "ppo_vs_sb3", "ppo_vs_rllib", "ppo_time_to_450_vs_minimal", "ppo_vs_rllib_2x4",
+                "sac_vs_sb3", "sac_vs_rllib", "dqn_vs_sb3_matched")
+THRESHOLDS = (150, 450)  # CartPole's; a System may have its own
 
 
 @dataclass(frozen=True)
@@ -75,14 +86,18 @@ class System:
     peer: bool  # runs with the peers' virtualenv
     full: tuple[str, ...]
     quick: tuple[str, ...]
+    thresholds: tuple[int, ...] = THRESHOLDS  # the smoothed returns whose seconds and steps it reports
 
     def budget(self, quick: bool) -> str:
         args = self.quick if quick else self.full
         steps = args[args.index("--max-steps") + 1]
-        return f"to 450, <= {int(steps) // 1000}k steps" if "--stop-return" in args else f"{int(steps) // 1000}k steps"
+        if "--stop-return" not in args:
+            return f"{int(steps) // 1000}k steps"
+        return f"to {args[args.index('--stop-return') + 1]}, <= {int(steps) // 1000}k steps"
 
 
 _TO_450 = ("--stop-return", "450")
+_TO_M200 = ("--stop-return", "-200")
 SYSTEMS = {s.name: s for s in (
     System("ppo_cartpole", "flowrl PPO (2 workers x 4 envs)", "ppo_cartpole.py", False,
            ("--max-steps", "300000", *_TO_450), ("--max-steps", "150000", *_TO_450)),
@@ -101,15 +116,28 @@ SYSTEMS = {s.name: s for s in (
            ("--max-steps", "50000", *_TO_450), ("--max-steps", "5000")),
     System("rllib_dqn", "RLlib DQN (local env runner, 1 env)", "peers/rllib_dqn.py", True,
            ("--max-steps", "50000", *_TO_450), ("--max-steps", "3000")),
+    System("dqn_cartpole_matched", "flowrl DQN at SB3's settings (no PER, dueling, double Q)", "dqn_cartpole.py",
+           False, ("--matched", "--max-steps", "50000", *_TO_450), ("--matched", "--max-steps", "5000")),
+    System("sac_pendulum", "flowrl SAC (local worker, 1 env)", "sac_pendulum.py", False,
+           ("--max-steps", "30000", *_TO_M200), ("--max-steps", "3000"), (-200,)),
+    System("sb3_sac", "Stable-Baselines3 SAC (1 env)", "peers/sb3_sac.py", True,
+           ("--max-steps", "30000", *_TO_M200), ("--max-steps", "3000"), (-200,)),
+    System("rllib_sac", "RLlib SAC (local env runner, 1 env)", "peers/rllib_sac.py", True,
+           ("--max-steps", "30000", *_TO_M200), ("--max-steps", "3000"), (-200,)),
+    System("sac_lunar", "flowrl SAC, LunarLanderContinuous-v3", "sac_pendulum.py", False,
+           ("--env", "LunarLanderContinuous-v3", "--max-steps", "300000", "--stop-return", "200"),
+           ("--env", "LunarLanderContinuous-v3", "--max-steps", "5000"), (200,)),
 )}
 #: benchmarks made of trainer runs in rotating rounds; a system's own name runs it alone
 TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo": ("ppo_cartpole", "minimal_ppo", "sb3_ppo", "rllib_ppo_2x1", "rllib_ppo_2x4"),
-    "dqn": ("dqn_cartpole", "sb3_dqn", "rllib_dqn"),
+    "dqn": ("dqn_cartpole", "sb3_dqn", "rllib_dqn", "dqn_cartpole_matched"),
+    "sac": ("sac_pendulum", "sb3_sac", "rllib_sac"),
     **{name: (name,) for name in SYSTEMS}}
 SCRIPTS = ("rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc", "segment_tree",
            "iter_overhead")
-ALL = (*SCRIPTS[:-2], "ppo", "dqn")  # the microbenchmarks segment_tree and iter_overhead run by name only
+# the microbenchmarks segment_tree and iter_overhead, and the long sac_lunar, run by name only
+ALL = (*SCRIPTS[:-2], "ppo", "dqn", "sac")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
 
 
@@ -119,7 +147,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     Examples:
         >>> parse_args(["all", "--quick"]).benchmarks
-        ['rollout_overhead', 'sampling', 'throughput', 'time_to_solve', 'scaling', 'loc', 'ppo', 'dqn']
+        ['rollout_overhead', 'sampling', 'throughput', 'time_to_solve', 'scaling', 'loc', 'ppo', 'dqn', 'sac']
         >>> parse_args(["minimal_ppo", "ppo", "minimal_ppo"]).benchmarks
         ['minimal_ppo', 'ppo']
     """
@@ -145,7 +173,8 @@ def format_summary(values: Mapping[str, float | None]) -> str:
 
     Examples:
         >>> format_summary({"overhead_ratio": 0.9876, "ppo_vs_sb3": None, "ppo_time_to_450_vs_minimal": math.inf})
-        'overhead_ratio=0.988 ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan ppo_vs_rllib_2x4=nan'
+        'overhead_ratio=0.988 ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan ppo_vs_rllib_2x4=nan
+         sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan'
     """
     def fmt(value: float | None) -> str:
         return "nan" if value is None or not math.isfinite(value) else f"{value:.3f}"
@@ -189,39 +218,59 @@ def median_steps_per_s(runs: Sequence[Mapping[str, Any]]) -> float | None:
     return _median([float(r["env_steps_per_s"]) for r in runs if "error" not in r and r.get("env_steps_per_s")])
 
 
+def median_steps_per_cpu_s(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median env steps per CPU second of the training process, over the runs that report both (``None`` if none):
+    for runs that sample and learn in one process, a figure that other processes' load barely moves.
+
+    Examples:
+        >>> median_steps_per_cpu_s([{"env_steps": 3000, "cpu_s": 2.0}, {"env_steps": 100, "cpu_s": None}])
+        1500.0
+    """
+    return _median([float(r["env_steps"]) / float(r["cpu_s"]) for r in runs
+                    if "error" not in r and r.get("env_steps") and r.get("cpu_s")])
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]],
-                   overhead_ratio: float | None) -> dict[str, float | None]:
-    """The summary's ratios from the trainer runs by system name (normalized records) and rollout_overhead's ratio.
+def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]], overhead_ratio: float | None,
+                   rate: Callable[[Sequence[Mapping[str, Any]]], float | None] = median_steps_per_s
+                   ) -> dict[str, float | None]:
+    """The summary's ratios from the trainer runs by system name (normalized records) and rollout_overhead's ratio;
+    ``rate`` gives a system's figure (env steps per wall second; :func:`median_steps_per_cpu_s`: per CPU second).
 
     Examples:
         >>> runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": 30.0}] * 3,
         ...         "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3,
         ...         "sb3_ppo": [{"env_steps_per_s": 2000.0, "seconds_to_450": None}] * 3}
         >>> format_summary(summary_values(runs, overhead_ratio=0.97))
-        'overhead_ratio=0.970 ppo_vs_sb3=1.500 ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=0.750 ppo_vs_rllib_2x4=nan'
+        'overhead_ratio=0.970 ppo_vs_sb3=1.500 ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=0.750 ppo_vs_rllib_2x4=nan
+         sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan'
     """
     flowrl = runs.get("ppo_cartpole", [])
 
-    def vs(peer: str) -> float | None:
-        return _ratio(median_steps_per_s(flowrl), median_steps_per_s(runs.get(peer, [])))
+    def vs(peer: str, ours: str = "ppo_cartpole") -> float | None:
+        return _ratio(rate(runs.get(ours, [])), rate(runs.get(peer, [])))
 
     return {"overhead_ratio": overhead_ratio, "ppo_vs_sb3": vs("sb3_ppo"), "ppo_vs_rllib": vs("rllib_ppo_2x1"),
             "ppo_time_to_450_vs_minimal": _ratio(median_seconds_to(flowrl, 450),
                                                  median_seconds_to(runs.get("minimal_ppo", []), 450)),
-            "ppo_vs_rllib_2x4": vs("rllib_ppo_2x4")}
+            "ppo_vs_rllib_2x4": vs("rllib_ppo_2x4"), "sac_vs_sb3": vs("sb3_sac", "sac_pendulum"),
+            "sac_vs_rllib": vs("rllib_sac", "sac_pendulum"),
+            "dqn_vs_sb3_matched": vs("sb3_dqn", "dqn_cartpole_matched")}
 
 
-def normalize(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields the suite reads from a trainer script's JSON (flowrl's scripts and the peers name a few apart)."""
+def normalize(raw: Mapping[str, Any], thresholds: Sequence[int] = THRESHOLDS) -> dict[str, Any]:
+    """The fields the suite reads from a trainer script's JSON (flowrl's scripts and the peers name a few apart);
+    a script that skipped itself (a missing optional dependency) gives ``{"skipped": why}``."""
+    if raw.get("skipped"):
+        return {"skipped": raw["skipped"]}
     return {"env_steps_per_s": raw.get("env_steps_per_s", raw.get("env_steps_per_s_sampled")),
             "env_steps": raw.get("env_steps", raw.get("env_steps_sampled")),
-            **{f"{kind}_to_{t}": raw.get(f"{kind}_to_{t}") for t in THRESHOLDS for kind in ("seconds", "steps")},
+            **{f"{kind}_to_{t}": raw.get(f"{kind}_to_{t}") for t in thresholds for kind in ("seconds", "steps")},
             "train_s": raw.get("train_s"), "startup_s": raw.get("startup_s"), "final_return": raw.get("final_return"),
-            "version": raw.get("version")}
+            "cpu_s": raw.get("cpu_s"), "version": raw.get("version")}
 
 
 # -- running --------------------------------------------------------------------------------------------
@@ -283,19 +332,26 @@ class Suite:
                   f"{self.args.peers_python} does not exist; create it with `bash benchmarks/peers/setup.sh`",
                   flush=True)
             systems = [s for s in systems if not s.peer]
+        skipped: set[str] = set()
         for rnd in range(self.args.repeats):
             for system in rotate(systems, rnd):
+                if system.name in skipped:
+                    continue
                 python = str(self.args.peers_python) if system.peer else sys.executable
                 tag = f"{system.name}_seed{rnd}"
                 out = self.runs_dir / f"{tag}.json"
                 cmd = [python, str(HERE / system.script), "--seed", str(rnd), "--out", str(out),
                        *(system.quick if self.quick else system.full)]
                 raw = self.run(tag, cmd, out)
-                record = {"seed": rnd, **({"error": raw["error"]} if "error" in raw else normalize(raw)),
-                          "wall_s": raw["wall_s"]}
+                record = {"seed": rnd, **({"error": raw["error"]} if "error" in raw else
+                                          normalize(raw, system.thresholds)), "wall_s": raw["wall_s"]}
+                if "skipped" in record:  # the same in every round: say it once, record nothing
+                    print(f"  {system.name}: {record['skipped']}", flush=True)
+                    skipped.add(system.name)
+                    continue
                 self.trainer_runs.setdefault(system.name, []).append(record)
                 if "error" not in record:
-                    to = "; ".join(f"{t}: {_num(record[f'seconds_to_{t}'])} s" for t in THRESHOLDS)
+                    to = "; ".join(f"{t}: {_num(record[f'seconds_to_{t}'])} s" for t in system.thresholds)
                     print(f"  round {rnd + 1}/{self.args.repeats} {system.name}: "
                           f"{_num(record['env_steps_per_s'])} env steps/s; {to} ({record['wall_s']} s wall)",
                           flush=True)
@@ -310,19 +366,25 @@ def _num(value: Any, digits: int = 0) -> str:
 
 
 def trainer_table(systems: Sequence[System], runs: Mapping[str, Sequence[Mapping[str, Any]]], quick: bool) -> None:
-    """One row per system; the ratio column compares with the group's flowrl system (its first, not a peer)."""
+    """One row per system; the ratio column compares with the group's flowrl system (its first, not a peer), the
+    threshold columns are the first system's (CartPole's 150 and 450, Pendulum's -200)."""
+    if not systems:
+        return
     flowrl = next((s for s in systems if not s.peer), None)
     flowrl_rate = median_steps_per_s(runs.get(flowrl.name, [])) if flowrl is not None else None
-    print(f"\n| system | budget | runs ok | env steps/s (median) | flowrl / this | s to 150 | s to 450 "
-          f"| steps to 450 | start-up s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    thresholds, last = systems[0].thresholds, systems[0].thresholds[-1]
+    heads = " | ".join(f"s to {t}" for t in thresholds)
+    print(f"\n| system | budget | runs ok | env steps/s (median) | flowrl / this | steps per CPU-s | {heads} "
+          f"| steps to {last} | start-up s |\n|---|---|---:|---:|---:|---:|{'---:|' * len(thresholds)}---:|---:|")
     for s in systems:
         rs = runs[s.name]
         ok = [r for r in rs if "error" not in r]
         rate = median_steps_per_s(rs)
-        steps_450 = _median([float(r["steps_to_450"]) for r in ok if r.get("steps_to_450") is not None])
+        steps_last = _median([float(r[f"steps_to_{last}"]) for r in ok if r.get(f"steps_to_{last}") is not None])
         ratio = _ratio(flowrl_rate, rate)
+        to = " | ".join(_num(median_seconds_to(rs, t), 1) for t in thresholds)
         print(f"| {s.label} | {s.budget(quick)} | {len(ok)}/{len(rs)} | {_num(rate)} | {_num(ratio, 2)} "
-              f"| {_num(median_seconds_to(rs, 150), 1)} | {_num(median_seconds_to(rs, 450), 1)} | {_num(steps_450)} "
+              f"| {_num(median_steps_per_cpu_s(rs))} | {to} | {_num(steps_last)} "
               f"| {_num(_median([float(r['startup_s']) for r in ok if r.get('startup_s') is not None]), 1)} |")
 
 
@@ -369,14 +431,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             suite.trainers(name)
     overhead = suite.reports.get("rollout_overhead", {}).get("overhead_ratio")
     values = summary_values(suite.trainer_runs, overhead)
+    per_cpu = summary_values(suite.trainer_runs, None, rate=median_steps_per_cpu_s)
     line = format_summary(values)
     out = args.out or RESULTS / f"suite{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmarks": args.benchmarks, "quick": args.quick, "repeats": args.repeats,
-                               "summary": values, "summary_line": line, "scripts": suite.reports,
+                               "summary": values, "summary_line": line, "summary_per_cpu_s": per_cpu,
+                               "scripts": suite.reports,
                                "trainer_runs": suite.trainer_runs, "wall_s": round(time.perf_counter() - start, 1),
                                "machine": {**machine, "load_avg_end": os.getloadavg()}}, indent=2) + "\n")
     print(f"\nwrote {out} ({time.perf_counter() - start:.0f} s in all)")
+    print("the same ratios per CPU second of training: " + format_summary(per_cpu).replace("overhead_ratio=nan ", ""))
     print(line)
 
 

@@ -101,6 +101,23 @@ _SETTINGS: dict[str, Setting] = {
 _UNLISTED = Setting({}, {150: 500_000, 450: 1_000_000}, 100_000)
 
 
+def init_ray(num_cpus: int, attempts: int = 3) -> None:
+    """``runtime.init(num_cpus=...)``, tried again (after ``ray.shutdown()``) when Ray's node does not come up in
+    time, which happens on a machine loaded by other work; the last failure is raised."""
+    import ray
+
+    for attempt in range(attempts):
+        try:
+            runtime.init(num_cpus=num_cpus, log_to_driver=False)
+            return
+        except Exception as error:  # Ray raises a bare Exception for a node that timed out starting up
+            if "timed out during startup" not in str(error) or attempt == attempts - 1:
+                raise
+            print(f"Ray did not start ({error}); trying again", flush=True)
+            ray.shutdown()
+            time.sleep(5)
+
+
 def setting_of(name: str) -> Setting:
     """How ``name`` runs here: its ``_SETTINGS`` entry, or the defaults with generous budgets."""
     return _SETTINGS.get(name, _UNLISTED)
@@ -181,19 +198,24 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def make_config(module: Any, name: str, seed: int, report_s: float) -> Any:
-    """The algorithm's default config on CartPole-v1 with ``seed``, the reporting cadence and its ``_SETTINGS``."""
+def make_config(module: Any, name: str, seed: int, report_s: float,
+                overrides: Mapping[str, Any] | None = None) -> Any:
+    """The algorithm's default config on CartPole-v1 with ``seed``, the reporting cadence and its ``_SETTINGS``
+    (``overrides``, when given, instead of them)."""
+    fields = setting_of(name).overrides if overrides is None else overrides
     return module.ALGORITHM.config_class(env="CartPole-v1", seed=seed, min_iter_time_s=report_s,
-                                         timesteps_per_iteration=0, **setting_of(name).overrides)
+                                         timesteps_per_iteration=0, **fields)
 
 
 def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budgets: Mapping[float, int],
-          max_train_s: float | None, report_s: float = 0.5, verbose: bool = True) -> dict[str, Any]:
+          max_train_s: float | None, report_s: float = 0.5, verbose: bool = True,
+          overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Trains ``name`` with ``seed`` on a fresh WorkerSet until :func:`stop_reason` says stop; the figures.
 
-    Ray must be initialised. The worker set is stopped (and the plan closed) before returning.
+    Ray must be initialised. The worker set is stopped (and the plan closed) before returning. ``overrides``:
+    config fields instead of the algorithm's ``_SETTINGS`` (see :func:`make_config`).
     """
-    config = make_config(module, name, seed, report_s)
+    config = make_config(module, name, seed, report_s, overrides)
     start = time.perf_counter()
     workers = WorkerSet(policy_class=module.ALGORITHM.policy_class, config=config)
     reports: list[tuple[float, int, float]] = []
@@ -203,11 +225,11 @@ def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budget
             raise RuntimeError(f"{name}: a rollout worker did not start")
         it = module.ALGORITHM.plan(workers, config)
         startup_s = time.perf_counter() - start
-        train_start = time.perf_counter()
+        train_start, cpu_start = time.perf_counter(), time.process_time()
         try:
             while True:
                 result = next(it)
-                train_s = time.perf_counter() - train_start
+                train_s, cpu_s = time.perf_counter() - train_start, time.process_time() - cpu_start
                 steps = int(result["info"]["num_steps_sampled"])
                 ret = float(result.get("episode_reward_mean", math.nan))  # absent before the first episode
                 reports.append((train_s, steps, ret))
@@ -222,7 +244,7 @@ def solve(module: Any, name: str, seed: int, thresholds: Sequence[float], budget
         workers.stop()
     info = result["info"]
     return {"seed": seed, "workers": config.num_workers, "startup_s": round(startup_s, 2),
-            "train_s": round(train_s, 2), "iterations": len(reports), "stopped_by": reason,
+            "train_s": round(train_s, 2), "cpu_s": round(cpu_s, 2), "iterations": len(reports), "stopped_by": reason,
             "env_steps_sampled": steps, "env_steps_trained": int(info["num_steps_trained"]),
             "final_return": round(ret, 1),
             **{f"seconds_to_{int(t)}": None if c is None else round(c.seconds, 2) for t, c in crossings.items()},

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrl.replay_buffers as replay_buffers
-from flowrl import segment_tree
+from flowrl import replay_storage, segment_tree
 from flowrl.iter import from_actors
 from flowrl.replay_buffers import (ALL_POLICIES, LocalReplayBuffer, MinSegmentTree, PrioritizedReplayBuffer,
                                    ReplayBuffer, ReplayShard, SegmentTree, SimpleReplayBuffer, SumSegmentTree,
@@ -771,3 +771,79 @@ def test_replay_shard_serves_replays() -> None:
     restored = local.replay_buffers[DEFAULT_POLICY_ID]
     assert isinstance(restored, PrioritizedReplayBuffer)
     assert len(local) == 200 and restored.max_priority == 1.0 + 1e-6  # the update reached the shard
+
+
+# -- one-row items are kept as columns: the same samples, states and errors as the item list -----------------------
+
+def _rows(rng: np.random.Generator, n: int, start: int = 0) -> list[SampleBatch]:
+    batch = SampleBatch({OBS: rng.normal(size=(n, 3)).astype(np.float32), REWARDS: np.arange(start, start + n),
+                         "flag": rng.random(n) < 0.5})
+    return [batch[i:i + 1] for i in range(n)]
+
+
+def _as_item_list(buf: ReplayBuffer[Any]) -> None:
+    """Turns ``buf``'s storage into the plain list of items, the path every buffer took before columns."""
+    buf._storage = list(buf._storage)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_column_store_samples_what_the_item_list_samples(prioritized: bool) -> None:
+    rng = np.random.default_rng(0)
+    make = (lambda: PrioritizedReplayBuffer(3000, alpha=0.6, seed=4)) if prioritized else \
+        (lambda: ReplayBuffer(3000, seed=4))
+    columns, items = make(), make()
+    _as_item_list(items)
+    for item in _rows(rng, 2500):  # past the first allocation of the columns, and past a wrap below
+        columns.add(item)
+        items.add(item)
+    assert isinstance(columns._storage, replay_storage._RowStore) and isinstance(items._storage, list)
+    for _ in range(3):
+        a, b = (columns.sample(64, beta=0.4), items.sample(64, beta=0.4)) if prioritized else \
+            (columns.sample(64), items.sample(64))
+        assert list(a) == list(b)
+        for key in a:
+            assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape
+            np.testing.assert_array_equal(a[key], b[key])
+        if prioritized:
+            update = (a[BATCH_INDEXES], rng.uniform(0.1, 5.0, 64))
+            columns.update_priorities(*update)
+            items.update_priorities(*update)
+    for item in _rows(rng, 1000, start=2500):  # the write index wraps: slots are overwritten in place
+        columns.add(item)
+        items.add(item)
+    assert [int(it[REWARDS][0]) for it in columns._storage] == [int(it[REWARDS][0]) for it in items._storage]
+    state = columns.get_state()
+    _as_item_list(columns)
+    other = columns.get_state()
+    assert pickle.dumps(state) == pickle.dumps(other)  # the state from the columns is the items' state, to the byte
+    restored = make()
+    restored.set_state(state)
+    assert isinstance(restored._storage, replay_storage._RowStore) and len(restored) == len(items)
+    np.testing.assert_array_equal(restored.sample(32)[OBS] if not prioritized else restored.sample(32, 0.4)[OBS],
+                                  items.sample(32)[OBS] if not prioritized else items.sample(32, 0.4)[OBS])
+
+
+def test_items_of_another_length_or_layout_turn_the_columns_into_a_list() -> None:
+    rng = np.random.default_rng(1)
+    for odd in (SampleBatch({OBS: np.zeros((2, 3), np.float32), REWARDS: np.arange(2), "flag": np.ones(2, bool)}),
+                SampleBatch({OBS: np.zeros((1, 3), np.float64), REWARDS: np.arange(1), "flag": np.ones(1, bool)}),
+                SampleBatch({REWARDS: np.arange(1), OBS: np.zeros((1, 3), np.float32), "flag": np.ones(1, bool)})):
+        buf = ReplayBuffer(100, seed=0)
+        first = _rows(rng, 5)
+        for item in first:
+            buf.add(item)
+        assert isinstance(buf._storage, replay_storage._RowStore)
+        buf.add(odd)
+        assert isinstance(buf._storage, list) and len(buf) == 6
+        assert [int(it[REWARDS][0]) for it in buf._storage[:5]] == [int(it[REWARDS][0]) for it in first]
+        assert buf._storage[5] is odd
+    with pytest.raises(ValueError, match="holds SampleBatch items"):
+        buf.add(MultiAgentBatch({"a": _rows(rng, 1)[0]}, 1))
+
+
+def test_column_store_refuses_object_columns_in_a_state_as_the_item_list_does() -> None:
+    buf = ReplayBuffer(10, seed=0)
+    buf.add(SampleBatch({OBS: np.array([{"a": 1}], dtype=object)}))
+    assert isinstance(buf._storage, replay_storage._RowStore)
+    with pytest.raises(ValueError, match="holds Python objects"):
+        buf.get_state()

@@ -34,14 +34,15 @@ def loopback_ray() -> None:
 
 
 def parse_args(doc: str, *, max_steps: int, quick_steps: int,
-               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+               add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+               stop_return: float = THRESHOLDS[-1]) -> argparse.Namespace:
     """The peers' common command line (plus a script's own options); ``--quick`` caps the run at ``quick_steps``."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     if add_arguments is not None:
         add_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=max_steps, help="stop after this many env steps")
-    parser.add_argument("--stop-return", type=float, default=THRESHOLDS[-1], help="stop at this smoothed return")
+    parser.add_argument("--stop-return", type=float, default=stop_return, help="stop at this smoothed return")
     parser.add_argument("--torch-threads", type=int, default=1, help="intra-op threads of the learner")
     parser.add_argument("--quick", action="store_true", help=f"stop after {quick_steps:,} env steps")
     parser.add_argument("--out", default=None, help="also write the JSON result to this path")
@@ -55,26 +56,47 @@ class Progress:
     """Training wall seconds and env steps at which the smoothed return first reaches each threshold.
 
     The clock starts at construction; call :meth:`update` once per report (iteration) of the peer.
+    ``thresholds``: CartPole's 150 and 450 by default (Pendulum's SAC benchmark: -200).
     """
 
-    def __init__(self, *, stop_return: float, max_steps: int,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, *, stop_return: float, max_steps: int, clock: Callable[[], float] = time.perf_counter,
+                 thresholds: tuple[float, ...] = THRESHOLDS) -> None:
         self.stop_return, self.max_steps, self.clock = stop_return, max_steps, clock
         self.start = clock()
-        self.reached: dict[float, tuple[float, int] | None] = {t: None for t in THRESHOLDS}
+        self.cpu_start = time.process_time()  # this process's CPU seconds: a figure the machine's load barely moves
+        self.thresholds = tuple(float(t) for t in thresholds)
+        self.reached: dict[float, tuple[float, int] | None] = {t: None for t in self.thresholds}
         self.mean_return, self.steps, self.reports = math.nan, 0, 0
 
     def update(self, *, steps: int, mean_return: float, log: bool = False) -> bool:
         """Records one report; returns whether training should stop (return or step budget reached)."""
         elapsed = self.clock() - self.start
         self.steps, self.mean_return, self.reports = steps, mean_return, self.reports + 1
-        for t in THRESHOLDS:
+        for t in self.thresholds:
             if self.reached[t] is None and mean_return >= t:
                 self.reached[t] = (round(elapsed, 2), steps)
         if log:
             print(f"report {self.reports:4d}  {steps:>7} steps  return {mean_return:6.1f}  {elapsed:6.1f} s",
                   file=sys.stderr, flush=True)
         return mean_return >= self.stop_return or steps >= self.max_steps
+
+
+def sb3_reporter(progress: Progress, every: int) -> Any:
+    """A Stable-Baselines3 callback that, every ``every`` env steps, gives ``progress`` the mean return of SB3's
+    episode window (``ep_info_buffer``) and stops training when it says so. SB3 is imported here, so this module
+    stays importable without the peer virtualenv."""
+    import numpy as np
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Report(BaseCallback):  # type: ignore[misc]  # SB3's classes are untyped here
+        def _on_step(self) -> bool:
+            if self.num_timesteps % every:
+                return True
+            returns = [ep["r"] for ep in self.model.ep_info_buffer]
+            mean_return = float(np.mean(returns)) if returns else float("nan")
+            return not progress.update(steps=self.num_timesteps, mean_return=mean_return, log=True)
+
+    return Report()
 
 
 def train_rllib(algo: Any, progress: Progress) -> float:
@@ -102,6 +124,7 @@ def emit(*, benchmark: str, peer: str, version: str, config: dict[str, Any], pro
               **{f"seconds_to_{int(t)}": None if hit is None else hit[0] for t, hit in progress.reached.items()},
               **{f"steps_to_{int(t)}": None if hit is None else hit[1] for t, hit in progress.reached.items()},
               "env_steps": steps, "train_s": round(train_s, 2), "startup_s": round(startup_s, 2),
+              "cpu_s": round(time.process_time() - progress.cpu_start, 2),
               "final_return": None if math.isnan(progress.mean_return) else round(progress.mean_return, 1),
               "config": config, "versions": versions,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()}}

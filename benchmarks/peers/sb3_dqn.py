@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 
-from _common import Progress, emit, parse_args
+from _common import Progress, emit, parse_args, sb3_reporter
 
 REPORT_EVERY = 1000  # env steps, as flowrl's DQN timesteps_per_iteration
 
@@ -40,11 +40,9 @@ def main() -> None:
     args = parse_args(__doc__, max_steps=100_000, quick_steps=4_000)
     start = time.perf_counter()
     import gymnasium
-    import numpy as np
     import stable_baselines3
     import torch
     from stable_baselines3 import DQN
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
     torch.set_num_threads(args.torch_threads)
@@ -56,18 +54,8 @@ def main() -> None:
                                    optimizer_kwargs={"eps": 1e-8}), **hyper)
     startup_s = time.perf_counter() - start
 
-    class Report(BaseCallback):
-        """Every REPORT_EVERY env steps: record the return; stop when done."""
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps % REPORT_EVERY:
-                return True
-            returns = [ep["r"] for ep in self.model.ep_info_buffer]
-            mean_return = float(np.mean(returns)) if returns else float("nan")
-            return not progress.update(steps=self.num_timesteps, mean_return=mean_return, log=True)
-
     progress = Progress(stop_return=args.stop_return, max_steps=args.max_steps)
-    model.learn(total_timesteps=args.max_steps, callback=Report())
+    model.learn(total_timesteps=args.max_steps, callback=sb3_reporter(progress, REPORT_EVERY))
     train_s = time.perf_counter() - progress.start
     emit(benchmark="sb3_dqn", peer="stable-baselines3", version=stable_baselines3.__version__,
          config={"n_envs": 1, **hyper, "net_arch": "[64, 64, 256] tanh", "adam_eps": 1e-8, "double_q": False,

@@ -24,6 +24,7 @@ Examples:
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
@@ -39,7 +40,7 @@ from flowrl.iter import LocalIterator
 from flowrl.models import NumpyQ, QModel
 from flowrl.ops import (Concurrently, ParallelRollouts, Replay, StandardMetricsReporting, StoreToReplayBuffer,
                         UpdatePriorities, UpdateTargetNetwork, train_one_step)
-from flowrl.policy import Policy, TensorBatch, column_tensor, make_adam
+from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, column_tensor, make_adam
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
                                  AnyBatch, SampleBatch)
@@ -209,6 +210,8 @@ class DQNPolicy(Policy):
         self.numpy_acting = None  # the base class's fast path samples an actor-critic; DQN acts epsilon-greedily
         self.numpy_q = NumpyQ.build(self.model) if config.numpy_acting else None  # the Q-values it acts on
         self._td_error: np.ndarray = np.zeros(0, np.float32)
+        self._params = list(self.model.parameters())
+        self._grads_known_finite = False  # set by a clipped step whose norm proved every gradient finite
 
     # -- acting -----------------------------------------------------------------------------------
     @property
@@ -216,22 +219,24 @@ class DQNPolicy(Policy):
         """The current exploration epsilon (``DQNConfig.epsilon_at(global_timestep)``)."""
         return self.config.epsilon_at(self.global_timestep)
 
-    @torch.no_grad()
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """``Q(obs, .)`` of the online network, ``[B, A]`` (through :class:`NumpyQ` on the CPU, see
         ``PolicyConfig.numpy_acting``)."""
         fast = self.numpy_q
         if fast is not None and fast.model is self.model:  # a subclass may have swapped the model
             return fast.q_values(obs)
-        return self.model(self._obs_tensor(obs)).cpu().numpy()  # type: ignore[no-any-return]
+        with torch.no_grad():
+            return self.model(self._obs_tensor(obs)).cpu().numpy()  # type: ignore[no-any-return]
 
     def compute_actions(self, obs: np.ndarray, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Epsilon-greedy actions ``[B]`` for observations ``[B, ...]``; no extra columns."""
         actions_B = self.q_values(obs).argmax(axis=-1).astype(np.int64)
         if explore:
-            size = len(actions_B)
-            uniform_B = self.act_random.integers(self.num_actions, size=size)
-            actions_B = np.where(self.act_random.random(size) < self.epsilon, uniform_B, actions_B)
+            size, rng = len(actions_B), self.act_random
+            uniform_B = rng.integers(self.num_actions, size=size)
+            explore_B = rng.random(size) < self.epsilon
+            if explore_B.any():  # (np.where's copy only when an action changes: the same actions)
+                actions_B = np.where(explore_B, uniform_B, actions_B)
         return actions_B, {}
 
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -248,40 +253,79 @@ class DQNPolicy(Policy):
         return {k: column_tensor(batch[k], self.device) for k in _LOSS_COLUMNS if k in batch}
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        # A train step on a small batch is dispatch-bound (each torch op costs more than its arithmetic): the loss
+        # takes as few ops as the math allows, and its stats are read on the CPU copy of two columns.
         cfg = self.config
-        if cfg.double_q:  # the online network on obs and next_obs in one pass (small batches: dispatch-bound)
+        if cfg.double_q:  # the online network on obs and next_obs in one pass
             q_BA, online_next_q_BA = self.model(torch.cat([batch[OBS], batch[NEXT_OBS]])).chunk(2)
         else:
-            q_BA = online_next_q_BA = self.model(batch[OBS])
+            q_BA = self.model(batch[OBS])
         q_B = q_BA.gather(1, batch[ACTIONS].long().unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             target_q_BA = self.target_model(batch[NEXT_OBS])
-            best_B = (online_next_q_BA if cfg.double_q else target_q_BA).argmax(dim=1, keepdim=True)
-            next_q_B = target_q_BA.gather(1, best_B).squeeze(1)
+            if cfg.double_q:
+                next_q_B = target_q_BA.gather(1, online_next_q_BA.argmax(dim=1, keepdim=True)).squeeze(1)
+            else:  # the target network's own greedy action: its value is the row's max
+                next_q_B = target_q_BA.amax(dim=1)
             if NSTEP_DISCOUNTS in batch:
                 discounts_B = batch[NSTEP_DISCOUNTS].float()
             else:  # a batch that skipped postprocessing: one-step windows
                 discounts_B = cfg.gamma * (~batch[TERMINATEDS].bool()).float()
             targets_B = batch[REWARDS].float() + discounts_B * next_q_B
-        td_error_B = q_B - targets_B
+        td_error_B = q_B.detach() - targets_B
         huber_B = nn.functional.huber_loss(q_B, targets_B, reduction="none", delta=cfg.huber_delta)
-        weights_B = batch[WEIGHTS].float() if WEIGHTS in batch else torch.ones_like(huber_B)
-        loss = (weights_B * huber_B).mean()
-        self._td_error = td_error_B.detach().cpu().numpy()
-        parts = torch.stack([q_B.mean(), q_B.min(), q_B.max(), td_error_B.abs().mean()]).detach().tolist()
-        stats = dict(zip(("mean_q", "min_q", "max_q", "mean_abs_td_error"), parts))
-        stats["cur_epsilon"] = self.epsilon
+        loss = (batch[WEIGHTS].float() * huber_B).mean() if WEIGHTS in batch else huber_B.mean()  # x 1: exact
+        self._td_error = td_error_B.numpy() if td_error_B.device.type == "cpu" else td_error_B.cpu().numpy()
+        q = q_B.detach().cpu().numpy()
+        stats = {"mean_q": float(q.mean()), "min_q": float(q.min()), "max_q": float(q.max()),
+                 "mean_abs_td_error": float(np.abs(self._td_error).mean()), "cur_epsilon": self.epsilon}
         return loss, stats
 
     def learn_on_tensors(self, tensors: TensorBatch) -> dict[str, Any]:
         """One optimizer step; ``{"learner_stats": ..., "td_error": [B]}``. A TD error that is not finite (the
         update was then skipped, see ``on_nonfinite_update``) is reported as 0, so its row gets the lowest
-        replay priority instead of a NaN one."""
-        info = super().learn_on_tensors(tensors)
+        replay priority instead of a NaN one.
+
+        The step is :class:`~flowrl.policy.Policy`'s (loss, backward, gradient clipping, a skipped update on a
+        non-finite gradient, the optimizer step) with less per-op overhead: the parameter list is kept, the
+        gradients are cleared and clipped by torch's own foreach kernels without the wrappers' dispatch, and a
+        clipped norm that is finite proves every gradient finite (a NaN or inf in any makes the norm so), so the
+        per-gradient check runs only when it is not.
+        """
+        if self.config.grad_clip is None or self.device.type != "cpu":
+            info = Policy.learn_on_tensors(self, tensors)
+        else:
+            info = {"learner_stats": self._lean_step(tensors, float(self.config.grad_clip))}
         td_error = self._td_error
         if not np.isfinite(td_error).all():
             td_error = np.where(np.isfinite(td_error), td_error, 0.0).astype(td_error.dtype)
         return {**info, TD_ERROR: td_error}
+
+    def _lean_step(self, tensors: TensorBatch, max_norm: float) -> dict[str, Any]:
+        if not self.model.training:
+            self.model.train()
+        loss, stats = self.loss(tensors)
+        params = self._params
+        for p in params:  # optimizer.zero_grad(set_to_none=True)
+            p.grad = None
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = 0.0
+        if grads:  # torch.nn.utils.clip_grad_norm_ on one device and dtype (its foreach path), op for op
+            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+            torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+            norm = float(total)
+        self._grads_known_finite = math.isfinite(norm)
+        stats["grad_gnorm"] = norm
+        out = {"loss": float(loss.detach()), **stats}
+        self.optimizer_step()
+        if self.num_nonfinite_updates_skipped:
+            out[NONFINITE_UPDATES_SKIPPED] = self.num_nonfinite_updates_skipped
+        return out
+
+    def _gradients_finite(self) -> bool:
+        known, self._grads_known_finite = self._grads_known_finite, False
+        return known or super()._gradients_finite()
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, Any]]:
         grads, info = super().compute_gradients(batch)

@@ -19,6 +19,7 @@ from flowrl.algorithms.dqn import (ALGORITHM, NSTEP_DISCOUNTS, DQNConfig, DQNPol
                                    make_replay_buffer, plan)
 from flowrl.algorithms.pg import PGConfig
 from flowrl.config import ModelConfig
+from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
                                  SampleBatch)
@@ -281,6 +282,41 @@ def test_double_q_changes_the_target() -> None:
             p.add_(torch.as_tensor(rng.normal(0, 0.5, tuple(p.shape)), dtype=p.dtype))
     batch = loss_batch(rng, size=64)
     assert not np.allclose(reference_loss(policy, batch, True)[1], reference_loss(policy, batch, False)[1])
+
+
+def reference_step(policy: DQNPolicy, batch: SampleBatch) -> dict[str, Any]:
+    """One train step through the base class's path: Policy.learn_on_tensors (clip_grad_norm_, per-gradient
+    finiteness check, optimizer.step)."""
+    return Policy.learn_on_tensors(policy, policy.to_tensors(batch))
+
+
+@pytest.mark.parametrize("settings", [{}, {"double_q": False, "dueling": False}, {"grad_clip": 0.05},
+                                      {"grad_clip": None}], ids=["defaults", "plain", "clipping", "no-clip"])
+def test_train_step_equals_the_base_policy_step_bit_for_bit(settings: dict[str, Any]) -> None:
+    lean, base = make_policy(lr=0.01, **settings), make_policy(lr=0.01, **settings)
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        batch = loss_batch(rng, weights=True)
+        ours, theirs = lean.learn_on_batch(batch)["learner_stats"], reference_step(base, batch)["learner_stats"]
+        assert (ours["loss"], ours.get("grad_gnorm")) == (theirs["loss"], theirs.get("grad_gnorm"))
+        assert ours.keys() == theirs.keys()
+    for name, value in base.model.state_dict().items():
+        assert torch.equal(lean.model.state_dict()[name], value), name
+    assert lean.optimizer.state_dict()["state"][0]["step"] == base.optimizer.state_dict()["state"][0]["step"] == 4
+
+
+def test_a_nonfinite_gradient_is_skipped_as_by_the_base_policy() -> None:
+    lean, base = make_policy(), make_policy()
+    batch = loss_batch(np.random.default_rng(6))
+    batch[REWARDS][3] = np.nan
+    before = {k: v.clone() for k, v in lean.model.state_dict().items()}
+    info = lean.learn_on_batch(batch)
+    reference_step(base, batch)
+    assert lean.num_nonfinite_updates_skipped == base.num_nonfinite_updates_skipped == 1
+    assert info["learner_stats"][NONFINITE_UPDATES_SKIPPED] == 1 and info[TD_ERROR][3] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in lean.model.state_dict().items())  # not applied
+    lean.learn_on_batch(loss_batch(np.random.default_rng(7)))  # a finite step after it is applied
+    assert lean.weights_version == 1 and lean.num_nonfinite_updates_skipped == 1
 
 
 def test_compute_gradients_reports_td_errors_too() -> None:

@@ -6,7 +6,10 @@ No timing here.
 from __future__ import annotations
 
 import doctest
+import importlib.util
+import json
 import math
+from pathlib import Path
 from types import ModuleType
 
 import gymnasium as gym
@@ -16,7 +19,7 @@ import ray
 import torch
 
 import benchmarks.__main__ as suite
-from benchmarks import dummy, minimal_ppo, rollout_overhead, scaling
+from benchmarks import dummy, minimal_ppo, rollout_overhead, sac_pendulum, scaling
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy, adapt_kl_coeff
 from flowrl.postprocessing import add_advantages, compute_gae
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS,
@@ -34,10 +37,10 @@ def test_suite_doctests_pass() -> None:
 def test_all_expands_in_order_and_names_run_once() -> None:
     args = suite.parse_args(["ppo", "all", "--quick"])
     assert args.benchmarks == ["ppo", "rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc",
-                               "dqn"]
+                               "dqn", "sac"]
     assert args.quick and args.repeats == 3
     assert suite.parse_args(["rllib_ppo_2x1", "--repeats", "5"]).benchmarks == ["rllib_ppo_2x1"]
-    for micro in ("iter_overhead", "segment_tree"):  # runnable by name, not in all
+    for micro in ("iter_overhead", "segment_tree", "sac_lunar"):  # runnable by name, not in all
         assert suite.parse_args([micro, "all"]).benchmarks[0] == micro and micro not in suite.ALL
 
 
@@ -57,6 +60,18 @@ def test_every_system_has_a_step_budget_and_a_known_script() -> None:
         assert (suite.HERE / f"{name}.py").is_file()
     assert suite.SYSTEMS["sb3_ppo"].budget(quick=True) == "20k steps"
     assert suite.SYSTEMS["ppo_cartpole"].budget(quick=False) == "to 450, <= 300k steps"
+    assert suite.SYSTEMS["sb3_sac"].budget(quick=False) == "to -200, <= 30k steps"
+
+
+def test_groups_compare_flowrl_with_peers_on_the_same_thresholds() -> None:
+    for group in ("dqn", "sac"):
+        systems = [suite.SYSTEMS[n] for n in suite.TRAINER_GROUPS[group]]
+        assert not systems[0].peer and any(s.peer for s in systems)  # the first is flowrl's: the ratio column's
+        assert {s.thresholds for s in systems} == {systems[0].thresholds}
+        for s in systems:  # every system stops at its group's last threshold in the full run
+            assert s.full[s.full.index("--stop-return") + 1] == str(systems[0].thresholds[-1])
+    assert "--matched" in suite.SYSTEMS["dqn_cartpole_matched"].full
+    assert "--matched" in suite.SYSTEMS["dqn_cartpole_matched"].quick
 
 
 def test_summary_line_from_given_numbers() -> None:
@@ -68,13 +83,29 @@ def test_summary_line_from_given_numbers() -> None:
                             {"env_steps_per_s": 2600.0, "seconds_to_450": 44.0}],
             "sb3_ppo": [{"env_steps_per_s": 1450.0, "seconds_to_450": None}] * 3,
             "rllib_ppo_2x1": [{"env_steps_per_s": 480.0, "seconds_to_450": None}] * 3,
-            "rllib_ppo_2x4": [{"env_steps_per_s": 1450.0, "seconds_to_450": None}] * 3}
+            "rllib_ppo_2x4": [{"env_steps_per_s": 1450.0, "seconds_to_450": None}] * 3,
+            "sac_pendulum": [{"env_steps_per_s": 300.0}, {"env_steps_per_s": 280.0}, {"env_steps_per_s": 320.0}],
+            "sb3_sac": [{"env_steps_per_s": 200.0}] * 3,
+            "rllib_sac": [{"env_steps_per_s": 40.0}, {"error": "rc 1"}],
+            "dqn_cartpole": [{"env_steps_per_s": 1000.0}] * 3,  # the defaults: not what the matched ratio reads
+            "dqn_cartpole_matched": [{"env_steps_per_s": 3000.0}] * 3,
+            "sb3_dqn": [{"env_steps_per_s": 1500.0}] * 3}
     values = suite.summary_values(runs, overhead_ratio=1.02)
     assert values["ppo_vs_sb3"] == pytest.approx(2900 / 1450)
     assert values["ppo_time_to_450_vs_minimal"] == pytest.approx(33 / 44)
+    assert values["sac_vs_sb3"] == pytest.approx(1.5) and values["sac_vs_rllib"] == pytest.approx(7.5)
     assert suite.format_summary(values) == \
         ("overhead_ratio=1.020 ppo_vs_sb3=2.000 ppo_vs_rllib=6.042 ppo_time_to_450_vs_minimal=0.750 "
-         "ppo_vs_rllib_2x4=2.000")
+         "ppo_vs_rllib_2x4=2.000 sac_vs_sb3=1.500 sac_vs_rllib=7.500 dqn_vs_sb3_matched=2.000")
+
+
+def test_ratios_per_cpu_second_read_each_runs_cpu_time() -> None:
+    runs = {"dqn_cartpole_matched": [{"env_steps": 5000, "cpu_s": 2.0, "env_steps_per_s": 900.0}] * 3,
+            "sb3_dqn": [{"env_steps": 5000, "cpu_s": 5.0, "env_steps_per_s": 1000.0},
+                        {"env_steps": 5000, "cpu_s": None, "env_steps_per_s": 1000.0}]}  # no CPU time: left out
+    per_cpu = suite.summary_values(runs, None, rate=suite.median_steps_per_cpu_s)
+    assert per_cpu["dqn_vs_sb3_matched"] == pytest.approx(2.5)
+    assert suite.summary_values(runs, None)["dqn_vs_sb3_matched"] == pytest.approx(0.9)  # per wall second
 
 
 def test_summary_line_writes_nan_for_what_was_not_measured() -> None:
@@ -82,7 +113,7 @@ def test_summary_line_writes_nan_for_what_was_not_measured() -> None:
             "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3}
     line = suite.format_summary(suite.summary_values(runs, overhead_ratio=None))
     assert line == ("overhead_ratio=nan ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan "
-                    "ppo_vs_rllib_2x4=nan")
+                    "ppo_vs_rllib_2x4=nan sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan")
     assert suite.format_summary({k: math.nan for k in suite.SUMMARY_KEYS}) == line
 
 
@@ -92,6 +123,50 @@ def test_normalize_reads_flowrl_and_peer_field_names() -> None:
     assert {k: flowrl[k] for k in ("env_steps_per_s", "env_steps", "seconds_to_450")} == \
         {k: peer[k] for k in ("env_steps_per_s", "env_steps", "seconds_to_450")} == \
         {"env_steps_per_s": 10.0, "env_steps": 40, "seconds_to_450": 3.0}
+    sac = suite.normalize({"env_steps_per_s": 5.0, "seconds_to_-200": 9.0, "steps_to_-200": 7000}, (-200,))
+    assert (sac["seconds_to_-200"], sac["steps_to_-200"]) == (9.0, 7000) and "seconds_to_450" not in sac
+    assert suite.normalize({"benchmark": "sac_lunarlandercontinuous", "skipped": "no box2d"}) == {"skipped": "no box2d"}
+
+
+# -- the SAC scripts ---------------------------------------------------------------------------------------
+def test_sac_script_doctests_pass() -> None:
+    result = doctest.testmod(sac_pendulum, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_sac_benchmark_runs_the_matched_settings() -> None:
+    config = sac_pendulum.make_config(sac_pendulum.parse_args(["--seed", "3"]))
+    assert (config.env, config.seed, config.train_batch_size, config.actor_hiddens, config.critic_hiddens) == \
+        ("Pendulum-v1", 3, 256, (256, 256), (256, 256))
+    assert (config.learning_starts, config.rollout_fragment_length, config.round_robin_weights) == (1000, 1, [1.0, 1.0])
+    assert config.metrics_smoothing_episodes == 20 and config.timesteps_per_iteration == 1000  # as the peers report
+    lunar = sac_pendulum.make_config(sac_pendulum.parse_args(["--env", "LunarLanderContinuous-v3"]))
+    assert lunar.env == "LunarLanderContinuous-v3" and lunar.train_batch_size == 256
+
+
+def test_lunar_lander_without_box2d_is_skipped_saying_what_to_install(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "lunar.json"
+    monkeypatch.setattr(sac_pendulum.importlib.util, "find_spec", lambda name: None)  # as if Box2D were missing
+    assert sac_pendulum.box2d_missing("Pendulum-v1") is None  # Pendulum needs nothing extra
+    sac_pendulum.main(["--env", "LunarLanderContinuous-v3", "--out", str(out)])
+    record = suite.normalize(json.loads(out.read_text()), (200,))
+    assert set(record) == {"skipped"} and 'pip install "gymnasium[box2d]"' in record["skipped"]
+    monkeypatch.setattr(sac_pendulum.importlib.util, "find_spec", lambda name: object())  # as if installed
+    assert sac_pendulum.box2d_missing("LunarLanderContinuous-v3") is None
+
+
+def test_peer_progress_records_any_thresholds() -> None:
+    spec = importlib.util.spec_from_file_location("peers_common", suite.HERE / "peers" / "_common.py")
+    assert spec is not None and spec.loader is not None
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    assert doctest.testmod(common).failed == 0
+    clock = iter([0.0, 3.0, 7.0]).__next__
+    progress = common.Progress(stop_return=-200.0, max_steps=30_000, clock=clock, thresholds=(-200,))
+    assert progress.update(steps=1000, mean_return=-900.0) is False
+    assert progress.update(steps=2000, mean_return=-180.0) is True  # at or above -200: stop
+    assert progress.reached == {-200.0: (7.0, 2000)}
 
 
 # -- the sampling microbenchmark and the scaling benchmark -------------------------------------------------
