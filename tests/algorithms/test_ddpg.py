@@ -501,6 +501,7 @@ def pendulum_gate(name: str, seed: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a gate on env steps; under load the wall time varies
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ddpg_reaches_the_pendulum_gate(seed: int) -> None:
     pendulum_gate("ddpg", seed)
