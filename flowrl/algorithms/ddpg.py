@@ -99,8 +99,8 @@ class DDPGConfig(OffPolicyConfig):
     smooth_target_policy: bool = False
     target_noise: float = bounded(0.2, ge=0, meaning="std of the bootstrap action's smoothing noise")
     target_noise_clip: float = bounded(0.5, ge=0, meaning="the smoothing noise is clipped to +-this")
-    exploration_noise: float = bounded(0.1, ge=0, meaning="std of the exploration noise in the [-1, 1] action "
-                                       "scale; 0: none")
+    exploration_noise: float = bounded(0.1, ge=0, meaning="std of the exploration noise, in the [-1, 1] "
+                                       "action scale")
     exploration_noise_type: Literal["gaussian", "ou"] = "gaussian"
     ou_theta: float = bounded(0.15, ge=0, le=1, meaning="the Ornstein-Uhlenbeck noise's pull towards 0 per step")
     ou_sigma: float = bounded(0.2, ge=0, meaning="the Ornstein-Uhlenbeck noise's per-step std")
