@@ -19,13 +19,14 @@ Examples:
 from __future__ import annotations
 
 import math
-from typing import Any, Generic, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from flowrl.sample_batch import BATCH_INDEXES, WEIGHTS, AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.sample_batch import OBS  # noqa: F401  (the examples use it)
+from flowrl.replay_columns import RowStore, row_store_of
 from flowrl.segment_tree import FloatArray, IntArray, MinSegmentTree, SumSegmentTree
 from flowrl.validation import check_int, check_number
 
@@ -70,95 +71,6 @@ def _concat(items: list[BatchT]) -> BatchT:
     if isinstance(first, SampleBatch):
         return _concat_rows(items)[0]
     return MultiAgentBatch.concat(items)
-
-
-class _RowStore:
-    """The stored items of a buffer whose every item is a one-row SampleBatch with the same columns (names in the
-    same order, dtypes and row shapes), kept as one array per column whose row ``i`` is item ``i``.
-
-    Sampling is then one fancy index per column instead of joining one small batch per drawn item (what a
-    one-step replay buffer of DQN, DDPG, TD3 or SAC holds: a 256-row replay is ~20x cheaper). It stands in for the
-    buffer's list of items (``append``, ``[i] = item``, ``[i]``, ``len``, iteration: a fresh one-row copy per
-    item), and :meth:`fits` says whether an item can go in; the buffer turns it into that list otherwise.
-    The arrays grow by doubling up to ``capacity`` rows.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.columns: dict[str, np.ndarray] = {}
-        self.size = 0
-
-    def fits(self, item: Any) -> bool:
-        """Whether ``item`` is a one-row SampleBatch of this store's columns (any, while it is empty)."""
-        if type(item) is not SampleBatch or len(item) == 0:
-            return False
-        columns = self.columns
-        if not columns:
-            return all(v.ndim >= 1 and len(v) == 1 for v in item.values())
-        if len(item) != len(columns):
-            return False
-        for (key, value), (name, column) in zip(dict.items(item), columns.items()):
-            if key != name or value.dtype != column.dtype or value.shape != (1, *column.shape[1:]):
-                return False
-        return True
-
-    def _reserve(self, rows: int) -> None:
-        columns = self.columns
-        have = len(next(iter(columns.values())))
-        if rows > have:
-            grown = max(rows, min(self.capacity, 2 * have))
-            for key, column in columns.items():
-                bigger = np.empty((grown, *column.shape[1:]), column.dtype)
-                bigger[:self.size] = column[:self.size]
-                columns[key] = bigger
-
-    def __setitem__(self, index: int, item: SampleBatch) -> None:
-        if not self.columns:
-            self.columns = {k: np.empty((min(self.capacity, 1024), *v.shape[1:]), v.dtype) for k, v in item.items()}
-        self._reserve(index + 1)
-        columns = self.columns
-        for key, value in dict.items(item):
-            columns[key][index] = value[0]
-        self.size = max(self.size, index + 1)
-
-    def append(self, item: SampleBatch) -> None:
-        self[self.size] = item
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> SampleBatch:
-        if not -self.size <= index < self.size:
-            raise IndexError(f"item {index} of {self.size}")
-        index %= self.size
-        return SampleBatch._of_checked({k: v[index:index + 1].copy() for k, v in self.columns.items()})
-
-    def __iter__(self) -> Iterator[SampleBatch]:
-        return (self[i] for i in range(self.size))
-
-    def take(self, indexes: IntArray) -> SampleBatch:
-        """The items at ``indexes`` joined, as :func:`_concat_rows` of them gives them."""
-        return SampleBatch._of_checked({k: v[indexes] for k, v in self.columns.items()})
-
-    def encoded(self) -> dict[str, Any]:
-        """:func:`_encode_items` of the items, from the columns directly (one layout)."""
-        for key, column in self.columns.items():
-            if column.dtype.hasobject:
-                raise ValueError(f"stored column {key!r} holds Python objects (dtype {column.dtype}), which a plain-data "
-                                 f"state cannot carry; drop or convert that column before storing batches")
-        n = self.size
-        layouts = [{"lengths": np.ones(n, np.int64), "columns": {k: v[:n].copy() for k, v in self.columns.items()}}]
-        return {"kind": "SampleBatch", "batches": {"layout_of": np.zeros(n, np.int64), "layouts": layouts if n else []}}
-
-
-def _row_store_of(items: Sequence[Any], capacity: int) -> _RowStore | None:
-    """A :class:`_RowStore` holding ``items`` (in order), or ``None`` if one does not fit."""
-    store = _RowStore(capacity)
-    for item in items:
-        if not store.fits(item):
-            return None
-        store.append(item)
-    return store
 
 
 # Plain-data state of stored items. A buffer holds up to millions of small items, so the state is
@@ -301,7 +213,7 @@ class ReplayBuffer(Generic[BatchT]):
         self.capacity = int(capacity)
         self._rng = np.random.default_rng(check_seed(seed))
         # the items: columns while every one is a one-row SampleBatch of the same columns, else a list
-        self._storage: list[BatchT] | _RowStore = _RowStore(self.capacity)
+        self._storage: list[BatchT] | RowStore = RowStore(self.capacity)
         self._item_type: type | None = None
         self._next_idx = 0
         self._timesteps_since_wrap = 0
@@ -330,12 +242,12 @@ class ReplayBuffer(Generic[BatchT]):
     def _write(self, item: BatchT) -> int:
         """Stores a checked ``item`` at the write index, advances or wraps it, and returns the slot."""
         idx, storage = self._next_idx, self._storage
-        if isinstance(storage, _RowStore) and not storage.fits(item):
-            storage = self._storage = list(storage)  # type: ignore[arg-type]  # a _RowStore holds SampleBatches
+        if isinstance(storage, RowStore) and not storage.fits(item):
+            storage = self._storage = list(storage)  # type: ignore[arg-type]  # a RowStore holds SampleBatches
         if not storage:
             self._item_type = type(item)
         if idx >= len(storage):
-            storage.append(item)  # type: ignore[arg-type]  # a _RowStore only gets the SampleBatches that fit
+            storage.append(item)  # type: ignore[arg-type]  # a RowStore only gets the SampleBatches that fit
         else:
             storage[idx] = item  # type: ignore[assignment]
             self.num_evicted += 1
@@ -368,7 +280,7 @@ class ReplayBuffer(Generic[BatchT]):
         """The items at ``idxes`` joined, and each one's row count (``None``: one row each)."""
         self.num_sampled += int(idxes.size)
         storage = self._storage
-        if isinstance(storage, _RowStore):
+        if isinstance(storage, RowStore):
             return storage.take(idxes), None  # type: ignore[return-value]  # it holds SampleBatches
         items = [storage[i] for i in idxes.tolist()]
         if isinstance(items[0], SampleBatch):
@@ -402,7 +314,7 @@ class ReplayBuffer(Generic[BatchT]):
         The contents are columnar (a few arrays per column, whatever the number of items).
         """
         storage = self._storage
-        items = storage.encoded() if isinstance(storage, _RowStore) else _encode_items(storage)
+        items = storage.encoded() if isinstance(storage, RowStore) else _encode_items(storage)
         return {"type": type(self).__name__, "capacity": self.capacity, "items": items,
                 "next_idx": self._next_idx, "timesteps_since_wrap": self._timesteps_since_wrap,
                 "num_added": self.num_added, "num_timesteps_added": self.num_timesteps_added,
@@ -426,7 +338,7 @@ class ReplayBuffer(Generic[BatchT]):
             raise ValueError(f"replay buffer state has inconsistent counters {counters} for {len(items)} items")
         rng = restored_rng(state["rng"])
         # BatchT is not known at run time; _decode_items gives items of one kind, as add() keeps them.
-        self._storage = _row_store_of(items, self.capacity) or items  # type: ignore[assignment]
+        self._storage = row_store_of(items, self.capacity) or items  # type: ignore[assignment]
         self._item_type = type(items[0]) if items else None
         self._next_idx, self._timesteps_since_wrap = counters["next_idx"], counters["timesteps_since_wrap"]
         self.num_added, self.num_timesteps_added = counters["num_added"], counters["num_timesteps_added"]

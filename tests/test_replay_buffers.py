@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrl.replay_buffers as replay_buffers
-from flowrl import replay_storage, segment_tree
+from flowrl import replay_columns, segment_tree
 from flowrl.iter import from_actors
 from flowrl.replay_buffers import (ALL_POLICIES, LocalReplayBuffer, MinSegmentTree, PrioritizedReplayBuffer,
                                    ReplayBuffer, ReplayShard, SegmentTree, SimpleReplayBuffer, SumSegmentTree,
@@ -796,7 +796,7 @@ def test_column_store_samples_what_the_item_list_samples(prioritized: bool) -> N
     for item in _rows(rng, 2500):  # past the first allocation of the columns, and past a wrap below
         columns.add(item)
         items.add(item)
-    assert isinstance(columns._storage, replay_storage._RowStore) and isinstance(items._storage, list)
+    assert isinstance(columns._storage, replay_columns.RowStore) and isinstance(items._storage, list)
     for _ in range(3):
         a, b = (columns.sample(64, beta=0.4), items.sample(64, beta=0.4)) if prioritized else \
             (columns.sample(64), items.sample(64))
@@ -818,7 +818,7 @@ def test_column_store_samples_what_the_item_list_samples(prioritized: bool) -> N
     assert pickle.dumps(state) == pickle.dumps(other)  # the state from the columns is the items' state, to the byte
     restored = make()
     restored.set_state(state)
-    assert isinstance(restored._storage, replay_storage._RowStore) and len(restored) == len(items)
+    assert isinstance(restored._storage, replay_columns.RowStore) and len(restored) == len(items)
     np.testing.assert_array_equal(restored.sample(32)[OBS] if not prioritized else restored.sample(32, 0.4)[OBS],
                                   items.sample(32)[OBS] if not prioritized else items.sample(32, 0.4)[OBS])
 
@@ -832,7 +832,7 @@ def test_items_of_another_length_or_layout_turn_the_columns_into_a_list() -> Non
         first = _rows(rng, 5)
         for item in first:
             buf.add(item)
-        assert isinstance(buf._storage, replay_storage._RowStore)
+        assert isinstance(buf._storage, replay_columns.RowStore)
         buf.add(odd)
         assert isinstance(buf._storage, list) and len(buf) == 6
         assert [int(it[REWARDS][0]) for it in buf._storage[:5]] == [int(it[REWARDS][0]) for it in first]
@@ -844,6 +844,6 @@ def test_items_of_another_length_or_layout_turn_the_columns_into_a_list() -> Non
 def test_column_store_refuses_object_columns_in_a_state_as_the_item_list_does() -> None:
     buf = ReplayBuffer(10, seed=0)
     buf.add(SampleBatch({OBS: np.array([{"a": 1}], dtype=object)}))
-    assert isinstance(buf._storage, replay_storage._RowStore)
+    assert isinstance(buf._storage, replay_columns.RowStore)
     with pytest.raises(ValueError, match="holds Python objects"):
         buf.get_state()
