@@ -52,34 +52,40 @@ class DDPGConfig(OffPolicyConfig):
 
     Attributes:
         env: ``"Pendulum-v1"``; the env must have a 1-D ``Box`` action space with finite bounds.
-        actor_hiddens / critic_hiddens: the actor's and each critic's hidden layers ((64, 64), RLlib's tuned
-            Pendulum sizes and cheap on a laptop; RLlib's defaults, for harder envs: (400, 300)).
-        activation: their activation (``"relu"``). ``model`` gives only the conv torso for image observations:
-            a ``model`` with other ``hidden_sizes`` or ``activation`` than :class:`~flowrl.config.ModelConfig`'s
-            defaults is refused (set ``actor_hiddens``/``critic_hiddens``/``activation`` instead).
-        lr: Adam's learning rate for both networks (1e-3); ``actor_lr`` / ``critic_lr`` override it per network
-            (``None``: ``lr``).
-        tau: each target network moves ``tau`` of the way towards its online network after every train step
-            (0.005; 1: a copy). target_network_update_freq: 0 (every train step).
-        twin_q: two critics, the bootstrap takes their minimum (TD3's clipped double Q).
+        normalize_actions: must stay ``True``: the actor's ``tanh`` actions lie in ``[-1, 1]`` and are mapped
+            onto the space's bounds.
+        rollout_fragment_length: env steps per stored fragment (1: one gradient step per env step).
+        train_batch_size: rows per replayed train batch (256).
+        prioritized_replay: False (uniform replay, as TD3 and SB3; RLlib's DDPG prioritizes).
+        target_network_update_freq: 0 (a soft ``tau`` update after every train step).
+        lr: Adam's learning rate for both networks unless ``actor_lr``/``critic_lr`` say otherwise (1e-3).
+        actor_lr: the actor's learning rate (``None``: ``lr``).
+        critic_lr: the critics' learning rate (``None``: ``lr``).
+        actor_hiddens: the actor's hidden layers ((64, 64): RLlib's tuned Pendulum sizes, cheap on a laptop;
+            RLlib's default for harder envs is (400, 300)).
+        critic_hiddens: each critic's hidden layers ((64, 64)).
+        activation: the networks' activation (``"relu"``). ``model`` gives only the conv torso for image
+            observations: a ``model`` with other ``hidden_sizes`` or ``activation`` than the defaults is refused.
+        tau: each target network moves ``tau`` of the way towards its online network per update (0.005; 1: copy).
+        twin_q: two critics; the bootstrap takes their minimum (TD3's clipped double Q).
         policy_delay: critic steps per actor step (1; TD3: 2).
-        smooth_target_policy: the bootstrap action gets Gaussian noise of std ``target_noise`` (0.2) clipped to
-            ``+-target_noise_clip`` (0.5) (TD3's target policy smoothing).
-        exploration_noise: the std of the exploration noise added to the actor's action, in the ``[-1, 1]``
-            action scale (0.1); each worker's policy multiplies it by its ``noise_scale`` (1.0).
-        exploration_noise_type: ``"gaussian"`` (independent per step) or ``"ou"`` (Ornstein-Uhlenbeck:
-            ``x += -ou_theta x + ou_sigma N(0, 1)`` per step, noise ``exploration_noise * x``; RLlib's DDPG
-            default). Actions with noise are clipped to ``[-1, 1]``.
+        smooth_target_policy: Gaussian noise on the bootstrap action (TD3's target policy smoothing).
+        target_noise: the std of that noise, in the ``[-1, 1]`` action scale (0.2).
+        target_noise_clip: that noise is clipped to ``+-target_noise_clip`` (0.5).
+        exploration_noise: the std of the noise added to the actor's actions, in the ``[-1, 1]`` scale (0.1);
+            each policy multiplies it by its ``noise_scale`` (1.0). Noisy actions are clipped to ``[-1, 1]``.
+        exploration_noise_type: ``"gaussian"`` (independent per step) or ``"ou"`` (Ornstein-Uhlenbeck, RLlib's
+            DDPG default: ``x += -ou_theta x + ou_sigma N(0, 1)`` per step, noise ``exploration_noise * x``).
+        ou_theta: the Ornstein-Uhlenbeck noise's pull towards 0 per step (0.15).
+        ou_sigma: the Ornstein-Uhlenbeck noise's per-step std (0.2).
         random_timesteps: the first sampled steps act uniformly at random in ``[-1, 1]`` (1000), counted by
             each policy, or by the broadcast global step count once that is larger.
         l2_reg: L2 penalty ``l2_reg * sum(w^2) / 2`` on each network's weight matrices (0).
-        use_huber / huber_threshold: Huber instead of squared TD errors, linear beyond the threshold (1.0).
-        rollout_fragment_length: 1 (one env step per store); train_batch_size: 256;
-            prioritized_replay: False (uniform, as TD3 and SB3); learning_starts: 1000; one gradient step per
-            env step (``training_intensity=None``). The replay settings are
-            :class:`~flowrl.algorithms.off_policy.OffPolicyConfig`'s.
-        normalize_actions: must stay ``True``: the actor's ``tanh`` actions lie in ``[-1, 1]`` and are mapped
-            onto the space's bounds.
+        use_huber: Huber instead of squared TD errors (False).
+        huber_threshold: the Huber loss is linear beyond it (1.0).
+        The other replay settings (``learning_starts`` 1000, ``buffer_size``, ``n_step``,
+        ``training_intensity`` None: one gradient step per env step, ...) are
+        :class:`~flowrl.algorithms.off_policy.OffPolicyConfig`'s.
     """
 
     env: EnvSpec = "Pendulum-v1"
@@ -99,8 +105,8 @@ class DDPGConfig(OffPolicyConfig):
     smooth_target_policy: bool = False
     target_noise: float = bounded(0.2, ge=0, meaning="std of the bootstrap action's smoothing noise")
     target_noise_clip: float = bounded(0.5, ge=0, meaning="the smoothing noise is clipped to +-this")
-    exploration_noise: float = bounded(0.1, ge=0, meaning="std of the exploration noise in the [-1, 1] action "
-                                       "scale; 0: none")
+    exploration_noise: float = bounded(0.1, ge=0, meaning="std of the exploration noise, in the [-1, 1] "
+                                       "action scale")
     exploration_noise_type: Literal["gaussian", "ou"] = "gaussian"
     ou_theta: float = bounded(0.15, ge=0, le=1, meaning="the Ornstein-Uhlenbeck noise's pull towards 0 per step")
     ou_sigma: float = bounded(0.2, ge=0, meaning="the Ornstein-Uhlenbeck noise's per-step std")
