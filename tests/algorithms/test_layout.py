@@ -66,7 +66,7 @@ def test_algorithms_import_each_other_only_to_extend_or_compose(name: str) -> No
 
 
 #: plans fit on one screen: 25 lines, 40 for the plans with several concurrent sub-flows
-LONG_PLANS = {"apex": 40, "impala": 40, "multiagent": 40}
+LONG_PLANS = {"apex": 40, "apex_ddpg": 40, "impala": 40, "multiagent": 40}  # apex_ddpg runs apex's plan
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
