@@ -116,8 +116,8 @@ class SACConfig(OffPolicyConfig):
                                  f"such as -1.0")
         elif isinstance(self.target_entropy, bool) or not isinstance(self.target_entropy, (int, float)) \
                 or not math.isfinite(self.target_entropy):
-            raise ValueError(f"target_entropy={self.target_entropy!r} must be 'auto' (-action_dim) or a finite "
-                             f"number such as -1.0")
+            raise ValueError(f"target_entropy={self.target_entropy!r} must be a finite number; pass a finite value "
+                             f"such as -1.0, or 'auto' (-action_dim)")
         if not self.normalize_actions:
             raise ValueError("normalize_actions=False: SAC's tanh-squashed actions lie in [-1, 1] and reach the "
                              "env only through the linear map onto the action space's bounds; set "
