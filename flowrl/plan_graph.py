@@ -116,7 +116,7 @@ def _stand_in_owned_state(algorithm: Algorithm, config: TrainerConfig) -> dict[s
     replay buffer: memory only) as the algorithm makes it."""
     from flowrl.algorithms import apex
 
-    if algorithm.make_owned_state is apex.make_owned_state and isinstance(config, apex.ApexConfig):
+    if algorithm.make_owned_state is apex.make_owned_state and isinstance(config, apex.ApexSettings):
         return {"replay_actors": [_StandInActor(f"replay_shard_{i}") for i in range(config.num_replay_buffer_shards)]}
     return dict(algorithm.make_owned_state(config)) if algorithm.make_owned_state is not None else {}
 
