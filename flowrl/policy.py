@@ -369,7 +369,13 @@ class Policy:
 
     def _gradients_finite(self) -> bool:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())  # one device sync
+        if not grads:
+            return True
+        # A NaN or inf in a gradient makes its norm NaN or inf: one fused norm per gradient and one device sync.
+        # A finite gradient whose norm overflows float32 also lands here, so only then is every element checked.
+        if bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
+            return True
+        return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
 
     def _skip_nonfinite_update(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

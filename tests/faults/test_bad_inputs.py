@@ -156,3 +156,19 @@ def test_check_reachable_refuses_a_dead_loopback_port(dead_port: int) -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         check_reachable(f"127.0.0.1:{server.getsockname()[1]}", timeout_s=5)  # something listens: no error
+
+
+@pytest.mark.parametrize(("algorithm", "env", "named"), [
+    ("dqn", "Pendulum-v1", "DQN needs a Discrete action space, got Box("),
+    ("sac", "CartPole-v1", "SAC needs a Box (continuous) action space, got Discrete(2)"),
+    ("ddpg", "CartPole-v1", "DDPGPolicy needs a 1-D Box action space, got Discrete(2)"),
+    ("td3", "CartPole-v1", "DDPGPolicy needs a 1-D Box action space, got Discrete(2)"),
+    ("apex_ddpg", "CartPole-v1", "ApexDDPGPolicy needs a 1-D Box action space, got Discrete(2)"),
+])
+def test_an_env_whose_actions_the_algorithm_cannot_take_is_refused_naming_the_space(
+        tmp_path: Path, algorithm: str, env: str, named: str) -> None:
+    result = invoke("train", algorithm, "--env", env, "--config", "num_workers=0", "--stop-iters", "1",
+                    "--log-dir", tmp_path / "run")
+    assert result.exit_code != 0, result.output
+    assert named in result.output + repr(result.exception), (result.output, result.exception)
+    assert not (tmp_path / "run" / "progress.csv").exists()

@@ -201,3 +201,21 @@ def test_the_multi_device_learner_skips_a_nan_minibatch_and_reports_the_count(fa
 def test_on_nonfinite_update_is_validated() -> None:
     with pytest.raises(ValueError, match=r"on_nonfinite_update='ignore'; use 'skip'"):
         get_algorithm("ppo").config_class(num_workers=0, on_nonfinite_update="ignore")  # type: ignore[arg-type]
+
+
+def test_a_finite_gradient_whose_norm_overflows_is_still_applied() -> None:
+    import gymnasium as gym
+    import torch
+
+    policy = TinyPGPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
+                          get_algorithm("pg").config_class(num_workers=0, seed=0))
+    params = list(policy.model.parameters())
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.full_like(p, 1e19)  # finite, but the sum of their squares overflows float32
+    policy.optimizer_step()
+    assert policy.num_nonfinite_updates_skipped == 0 and policy.weights_version == 1
+    assert any(not torch.equal(b, p) for b, p in zip(before, params))
+    params[0].grad = torch.full_like(params[0], float("nan"))
+    policy.optimizer_step()
+    assert policy.num_nonfinite_updates_skipped == 1 and policy.weights_version == 1
