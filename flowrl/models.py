@@ -31,12 +31,18 @@ __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution"
            "NumpyMLP"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
+_INPLACE = (nn.ReLU, nn.ELU)  # the activations that take ``inplace=True``
+#: the same activations as in-place functions, for the layers that are not modules (ContinuousQModel's critics)
+_INPLACE_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "tanh": torch.tanh_, "relu": torch.relu_, "elu": lambda x: nn.functional.elu(x, inplace=True)}
 
 
 def _mlp(sizes: list[int], activation: type[nn.Module]) -> nn.Sequential:
+    """Linear layers, each followed by ``activation`` (in place where it can be: a Linear layer's backward does not
+    read its output, so ReLU and ELU may overwrite it, which saves a fresh activation tensor per layer)."""
     layers: list[nn.Module] = []
     for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), activation()]
+        layers += [nn.Linear(a, b), activation(inplace=True) if activation in _INPLACE else activation()]
     return nn.Sequential(*layers)
 
 
@@ -484,25 +490,78 @@ class ContinuousQModel(nn.Module):
     """``forward(obs, actions) -> Q(obs, actions) [B]``: an MLP over ``[features(obs), actions]``, or ``num_q``
     such critics side by side (``[num_q, B]``, TD3's and SAC's twin Q) when ``num_q > 1``.
 
+    The critics' layers are stacked: layer ``i`` is one ``weights[i]`` ``[num_q, in, out]`` and one ``biases[i]``
+    ``[num_q, 1, out]``, and all critics go through a layer in one batched matrix product (``torch.baddbmm``)
+    instead of one small product each. Each critic is initialised as ``nn.Linear`` initialises its layers, and a
+    state dict saved with one ``nn.Linear`` per layer and critic (``critics.<k>.0.<2i>.weight``, ``critics.<k>.1.*``
+    for the head) still loads: it is stacked on load.
+
     Examples:
         >>> q = ContinuousQModel(gym.spaces.Box(-1, 1, (3,)), 2, ModelConfig(hidden_sizes=(8, 8)), num_q=2)
-        >>> tuple(q(torch.zeros(5, 3), torch.zeros(5, 2)).shape)
-        (2, 5)
+        >>> tuple(q(torch.zeros(5, 3), torch.zeros(5, 2)).shape), tuple(q.weights[0].shape)
+        ((2, 5), (2, 5, 8))
+        >>> tuple(q.single(torch.zeros(5, 3), torch.zeros(5, 2), 1).shape)  # the second critic alone
+        (5,)
     """
 
     def __init__(self, obs_space: gym.spaces.Box, action_dim: int, config: ModelConfig, *, num_q: int = 1) -> None:
         super().__init__()
         self.num_q = num_q
         self.encoder, in_size = _encoder(obs_space, config)
-        sizes = [in_size + action_dim, *config.hidden_sizes]
-        act = _ACTIVATIONS[config.activation]
-        self.critics = nn.ModuleList(nn.Sequential(_mlp(sizes, act), nn.Linear(sizes[-1], 1)) for _ in range(num_q))
+        sizes = [in_size + action_dim, *config.hidden_sizes, 1]
+        self.activation = _INPLACE_FUNCTIONS[config.activation]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            bound = 1.0 / math.sqrt(a)  # nn.Linear's default initialisation, per critic
+            self.weights.append(nn.Parameter(torch.empty(num_q, a, b).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(num_q, 1, b).uniform_(-bound, bound)))
+        self._register_load_state_dict_pre_hook(_stack_linear_critics)
+
+    def _inputs(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.encoder(obs.float() if obs.dtype != torch.uint8 else obs), actions.float()], dim=-1)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([self.encoder(obs.float() if obs.dtype != torch.uint8 else obs), actions.float()], dim=-1)
+        x = self._inputs(obs, actions)
         if self.num_q == 1:
-            return self.critics[0](x).squeeze(-1)  # type: ignore[no-any-return]
-        return torch.stack([critic(x).squeeze(-1) for critic in self.critics])
+            return self._one(x, 0)
+        x = x.expand(self.num_q, *x.shape)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(b, x, w)
+            if i < last:
+                x = self.activation(x)
+        return x.squeeze(-1)
+
+    def single(self, obs: torch.Tensor, actions: torch.Tensor, k: int) -> torch.Tensor:
+        """``Q_k(obs, actions)`` ``[B]`` of critic ``k`` alone (DDPG's and TD3's actor loss reads the first)."""
+        return self._one(self._inputs(obs, actions), k)
+
+    def _one(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = torch.addmm(b[k], x, w[k])
+            if i < last:
+                x = self.activation(x)
+        return x.squeeze(-1)
+
+
+def _stack_linear_critics(state_dict: dict[str, torch.Tensor], prefix: str, *_: object) -> None:
+    """A load pre-hook of :class:`ContinuousQModel`: rewrites the keys of a state dict saved with one ``nn.Linear``
+    per layer and critic (``critics.<k>.0.<2i>.weight`` ``[out, in]``, the head ``critics.<k>.1.weight``) into the
+    stacked ``weights.<i>`` ``[num_q, in, out]`` and ``biases.<i>`` ``[num_q, 1, out]``, in place."""
+    old = sorted(k for k in state_dict if k.startswith(prefix + "critics."))
+    if not old:
+        return
+    layers: dict[tuple[int, tuple[int, int]], dict[str, torch.Tensor]] = {}
+    for key in old:
+        parts = key[len(prefix):].split(".")  # critics, k, 0, 2i, weight | critics, k, 1, weight
+        order = (0, int(parts[3])) if parts[2] == "0" else (1, 0)
+        layers.setdefault((int(parts[1]), order), {})[parts[-1]] = state_dict.pop(key)
+    for i, order in enumerate(sorted({order for _, order in layers})):
+        per_critic = [layers[(k, order)] for k in sorted({k for k, _ in layers})]
+        state_dict[f"{prefix}weights.{i}"] = torch.stack([layer["weight"].t() for layer in per_critic])
+        state_dict[f"{prefix}biases.{i}"] = torch.stack([layer["bias"].unsqueeze(0) for layer in per_critic])
 
 
 class NumpyMLP(_NumpyMirror):

@@ -238,8 +238,9 @@ class DDPGPolicy(Policy):
         self.num_critic_updates = self.num_actor_updates = 0
         self._actor_loss = 0.0
         self._actor_params, self._critic_params = list(self.actor.parameters()), list(self.critic.parameters())
-        self._weight_matrices = {"actor": [p for n, p in self.actor.named_parameters() if n.endswith("weight")],
-                                 "critic": [p for n, p in self.critic.named_parameters() if n.endswith("weight")]}
+        self._weight_matrices = {"actor": [p for p in self._actor_params if p.dim() >= 2],  # no biases
+                                 "critic": [p for n, p in self.critic.named_parameters() if not n.startswith("biases")
+                                            and p.dim() >= 2]}
 
     # -- acting -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -343,10 +344,7 @@ class DDPGPolicy(Policy):
         """``-mean Q_1(s, tanh(actor(s)))`` (plus the L2 penalty); gradients reach the actor's parameters."""
         obs = batch[OBS]
         actions = torch.tanh(self.actor(obs))
-        critic = self.critic
-        features = critic.encoder(obs.float() if obs.dtype != torch.uint8 else obs)
-        q1: torch.Tensor = critic.critics[0](torch.cat([features, actions], dim=-1)).squeeze(-1)
-        return -q1.mean() + self._l2("actor")
+        return -self.critic.single(obs, actions, 0).mean() + self._l2("actor")
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The critic's loss and its stats (``learn_on_tensors`` takes the critic and the actor steps)."""
