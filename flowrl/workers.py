@@ -140,6 +140,8 @@ class RolloutWorker(ParallelIteratorWorker):
         self.learn_lock = threading.RLock()
         if worker_index > 0:  # a remote worker: one intra-op thread per reserved CPU
             torch.set_num_threads(max(1, int(config.num_cpus_per_worker)))
+        if config.flush_denormal:
+            torch.set_flush_denormal(True)  # (False on a CPU without the instructions for it: nothing to do)
         policy_config = dataclasses.replace(config, seed=_policy_seed(config.seed, worker_index))
         self.env: VectorEnv | MultiAgentVectorEnv
         self.mapping: PolicyMapping | None = None

@@ -245,3 +245,37 @@ def test_fragment_logp_computed_after_the_steps_equals_the_policy_distribution()
         ref = dist.logp(torch.as_tensor(batch[ACTIONS])).numpy()
         assert batch[LOGP].dtype == np.float32 and batch[LOGP].shape == (batch.count,)
         np.testing.assert_allclose(batch[LOGP], ref, rtol=1e-5, atol=1e-5)
+
+
+def _denormal_survives() -> bool:
+    """Whether this thread keeps a denormal float32 through a multiplication (False: flushed to zero)."""
+    import torch
+
+    tiny = torch.full((4,), 1e-39, dtype=torch.float32)  # below float32's smallest normal, 1.2e-38
+    return bool((tiny * 1.0001).ne(0).all())
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_flush_denormal_sets_the_building_thread_and_the_threads_it_starts(flush: bool) -> None:
+    """A worker built with flush_denormal=True flushes denormals in the thread that built it and in a thread started
+    after (a learner thread); with False it leaves the thread as it was. Run in fresh threads, as the setting
+    belongs to a thread."""
+    import threading
+
+    import torch
+
+    seen: dict[str, bool] = {}
+
+    def build() -> None:
+        torch.set_flush_denormal(False)
+        seen["before"] = _denormal_survives()
+        worker(flush_denormal=flush)
+        seen["after"] = _denormal_survives()
+        later = threading.Thread(target=lambda: seen.__setitem__("later", _denormal_survives()))
+        later.start()
+        later.join()
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    thread.join()
+    assert seen == {"before": True, "after": not flush, "later": not flush}
