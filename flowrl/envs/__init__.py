@@ -7,6 +7,8 @@
 - :class:`MultiAgentEnv` is the dict-keyed multi-agent protocol (``"__all__"`` ends the episode),
   :class:`MultiAgentCartPole` an example, :func:`make_policy_mapping` the validated agent -> policy map,
   and :class:`MultiAgentVectorEnv` the vector of multi-agent envs.
+- :class:`StatelessCartPole` (gymnasium id ``flowrl/StatelessCartPole-v1``) is CartPole with the velocities
+  hidden, the standard test of a policy's memory.
 - :class:`PettingZooEnv` adapts a PettingZoo ``ParallelEnv`` to that protocol; PettingZoo is optional
   (``pip install "flowrl[pettingzoo]"``) and imported only when an env is wrapped.
 
@@ -23,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 from flowrl.envs.base import EnvContext, EnvSpec, EpisodeRecord, derive_seed, make_env
+from flowrl.envs.memory import STATELESS_CARTPOLE, StatelessCartPole
 from flowrl.envs.multi_agent import (MultiAgentCartPole, MultiAgentEnv, MultiAgentStep, MultiAgentVectorEnv,
                                      MultiAgentVectorStep, PolicyMapping, make_policy_mapping)
 from flowrl.envs.pettingzoo import PettingZooEnv
@@ -31,4 +34,4 @@ from flowrl.envs.vector import AUTO_NATIVE_MIN_ENVS, SupportedSpace, VectorEnv, 
 __all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "derive_seed", "make_env",
            "VectorEnv", "VectorStep", "SupportedSpace", "AUTO_NATIVE_MIN_ENVS",
            "MultiAgentEnv", "MultiAgentCartPole", "MultiAgentVectorEnv", "MultiAgentStep", "MultiAgentVectorStep",
-           "PolicyMapping", "make_policy_mapping", "PettingZooEnv"]
+           "PolicyMapping", "make_policy_mapping", "PettingZooEnv", "StatelessCartPole", "STATELESS_CARTPOLE"]
