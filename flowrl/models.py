@@ -28,7 +28,7 @@ from flowrl.config import ModelConfig
 
 __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
            "DiagGaussian", "dist_class_for", "NumpyActing", "QModel", "NumpyQ", "ActorModel", "ContinuousQModel",
-           "NumpyMLP"]
+           "NumpyMLP", "RecurrentActorCritic"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 _INPLACE = (nn.ReLU, nn.ELU)  # the activations that take ``inplace=True``
@@ -108,6 +108,87 @@ class ActorCriticModel(nn.Module):
         if self.free_params is not None:
             dist_inputs = torch.cat([dist_inputs, self.free_params.expand(len(dist_inputs), -1)], dim=-1)
         return dist_inputs, self.vf_head(vf_features).squeeze(-1)
+
+
+class RecurrentActorCritic(nn.Module):
+    """An actor-critic with memory: ``encoder -> MLP (hidden_sizes) -> LSTM or GRU cell -> (policy head, value
+    head)``, optionally fed the previous action and reward beside the features.
+
+    ``forward(obs [B, T, ...], state, prev_actions [B, T, action_dim], prev_rewards [B, T])`` returns
+    ``(dist_inputs [B, T, A], values [B, T], state)``: ``B`` sequences of ``T`` steps, each starting from its row of
+    ``state`` (a tuple of ``[B, cell_size]`` tensors: ``(h, c)`` for an LSTM, ``(h,)`` for a GRU;
+    :meth:`initial_state` is the zeros an episode starts from). The returned state is the one after the ``T``-th
+    step; a rollout worker steps with ``T = 1`` and carries it to the next step. Padding steps at the end of a
+    sequence do not change the outputs at its real steps (the cell runs forward in time), so a learner may run
+    padded sequences and mask the padding out of its losses.
+
+    Args:
+        obs_space: a ``Box`` (vector or HWC image) observation space.
+        num_outputs: the policy head's outputs (the action distribution's inputs).
+        config: the encoder's and MLP's settings (``hidden_sizes``, ``activation``, ``conv_filters``;
+            ``hidden_sizes=()`` feeds the encoder's features to the cell directly).
+        cell_size: the cell's state size (256). cell: ``"lstm"`` or ``"gru"``.
+        prev_action_dim: the size of the previous-action input (0: not an input); the policy encodes the
+            actions (one-hot for ``Discrete``). prev_reward: the previous reward is an input.
+        extra_free_params: state-independent outputs appended to the policy head's (a Gaussian's free log-std).
+
+    Examples:
+        >>> model = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), 2, ModelConfig(hidden_sizes=(8,)), cell_size=4)
+        >>> state = model.initial_state(3)
+        >>> dist_inputs, values, state = model(torch.zeros(3, 5, 2), state)
+        >>> tuple(dist_inputs.shape), tuple(values.shape), [tuple(s.shape) for s in state]
+        ((3, 5, 2), (3, 5), [(3, 4), (3, 4)])
+    """
+
+    def __init__(self, obs_space: gym.spaces.Box, num_outputs: int, config: ModelConfig, *, cell_size: int = 256,
+                 cell: str = "lstm", prev_action_dim: int = 0, prev_reward: bool = False,
+                 extra_free_params: int = 0) -> None:
+        super().__init__()
+        if cell not in ("lstm", "gru"):
+            raise ValueError(f"cell={cell!r}; use 'lstm' or 'gru'")
+        if isinstance(cell_size, bool) or not isinstance(cell_size, int) or cell_size < 1:
+            raise ValueError(f"cell_size={cell_size!r} must be an int >= 1, e.g. 256")
+        self.cell, self.cell_size = cell, cell_size
+        self.prev_action_dim, self.prev_reward = prev_action_dim, prev_reward
+        self.encoder, in_size = _encoder(obs_space, config)
+        sizes = [in_size, *config.hidden_sizes]
+        self.trunk = _mlp(sizes, _ACTIVATIONS[config.activation])
+        rnn_class = nn.LSTM if cell == "lstm" else nn.GRU
+        self.rnn = rnn_class(sizes[-1] + prev_action_dim + int(prev_reward), cell_size, batch_first=True)
+        self.pi_head = _init_linear(nn.Linear(cell_size, num_outputs), 0.01)
+        self.vf_head = _init_linear(nn.Linear(cell_size, 1), 1.0)
+        self.free_params = nn.Parameter(torch.zeros(extra_free_params)) if extra_free_params else None
+
+    def initial_state(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """The zero state of ``batch_size`` episodes' starts: ``(h, c)`` (LSTM) or ``(h,)`` (GRU), ``[B, cell]``."""
+        device = self.pi_head.weight.device
+        zeros = [torch.zeros(batch_size, self.cell_size, device=device) for _ in range(2 if self.cell == "lstm" else 1)]
+        return tuple(zeros)
+
+    def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, ...], prev_actions: torch.Tensor | None = None,
+                prev_rewards: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        batch, steps = obs.shape[:2]
+        flat = obs.reshape(batch * steps, *obs.shape[2:])
+        features = self.trunk(self.encoder(flat.float() if flat.dtype != torch.uint8 else flat))
+        inputs = [features.reshape(batch, steps, -1)]
+        if self.prev_action_dim:
+            if prev_actions is None:
+                raise ValueError("this model takes the previous actions as an input: pass prev_actions [B, T, "
+                                 f"{self.prev_action_dim}]")
+            inputs.append(prev_actions.float().reshape(batch, steps, self.prev_action_dim))
+        if self.prev_reward:
+            if prev_rewards is None:
+                raise ValueError("this model takes the previous rewards as an input: pass prev_rewards [B, T]")
+            inputs.append(prev_rewards.float().reshape(batch, steps, 1))
+        x = torch.cat(inputs, dim=-1) if len(inputs) > 1 else inputs[0]
+        layered = tuple(s.unsqueeze(0).contiguous() for s in state)  # torch's cells take [layers, B, cell]
+        out, new_state = self.rnn(x, layered if self.cell == "lstm" else layered[0])
+        new = new_state if isinstance(new_state, tuple) else (new_state,)
+        dist_inputs = self.pi_head(out)
+        if self.free_params is not None:
+            dist_inputs = torch.cat([dist_inputs, self.free_params.expand(batch, steps, -1)], dim=-1)
+        return dist_inputs, self.vf_head(out).squeeze(-1), tuple(s.squeeze(0) for s in new)
 
 
 class ActionDistribution:
