@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from flowrl.config import PolicyConfig
-from flowrl.models import ActionDistribution, NumpyActing, dist_class_for, make_model
-from flowrl.sample_batch import ACTION_DIST_INPUTS, ACTIONS, LOGP, VF_PREDS, SampleBatch
+from flowrl.models import ActionDistribution, NumpyActing, RecurrentActorCritic, dist_class_for, make_model
+from flowrl.sample_batch import ACTION_DIST_INPUTS, ACTIONS, LOGP, STATE_IN, STATE_OUT, VF_PREDS, SampleBatch
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data",
            "env_action_map"]
@@ -268,12 +268,59 @@ class Policy:
 
     @torch.no_grad()
     def _compute_actions_torch(self, obs: np.ndarray, explore: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        if isinstance(self.model, RecurrentActorCritic):
+            raise TypeError(f"{type(self).__name__}'s model is recurrent: act with compute_actions_with_state(obs, "
+                            f"state), starting from initial_state(len(obs))")
         dist_inputs, values = self.model(self._obs_tensor(obs))
         dist = self.dist_class(dist_inputs)
         actions = dist.sample(self.generator) if explore else dist.deterministic_sample()
         extras = {LOGP: dist.logp(actions).cpu().numpy(), VF_PREDS: values.cpu().numpy(),
                   ACTION_DIST_INPUTS: dist_inputs.cpu().numpy()}
         return actions.cpu().numpy(), extras
+
+    # -- recurrent acting ---------------------------------------------------------------------------
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the model carries a state from step to step (a :class:`~flowrl.models.RecurrentActorCritic`):
+        rollout workers then act through :meth:`sample_actions_with_state` and keep a state per env."""
+        return isinstance(self.model, RecurrentActorCritic)
+
+    def initial_state(self, batch_size: int) -> tuple[np.ndarray, ...]:
+        """The state ``batch_size`` episodes start from, as float32 numpy arrays ``[B, ...]`` (zeros); ``()`` for a
+        feed-forward model."""
+        if not isinstance(self.model, RecurrentActorCritic):
+            return ()
+        return tuple(s.cpu().numpy() for s in self.model.initial_state(batch_size))
+
+    @torch.no_grad()
+    def compute_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], explore: bool = True
+                                   ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:
+        """One step of a recurrent policy for observations ``[B, ...]`` from ``state`` (``[B, ...]`` arrays, one per
+        state tensor): ``(actions, extras, new_state)``. The extras are :meth:`compute_actions`'s plus the state
+        acted with (``state_in_<k>``) and the state after (``state_out_<k>``), one row per observation.
+
+        Raises:
+            TypeError: the policy's model is not recurrent (use :meth:`compute_actions`).
+        """
+        model = self.model
+        if not isinstance(model, RecurrentActorCritic):
+            raise TypeError(f"{type(self).__name__}'s model ({type(model).__name__}) carries no state; use "
+                            f"compute_actions(obs)")
+        state_t = tuple(torch.as_tensor(s, device=self.device) for s in state)
+        dist_inputs, values, new_state_t = model(self._obs_tensor(obs)[:, None], state_t)
+        dist = self.dist_class(dist_inputs[:, 0])
+        actions = dist.sample(self.generator) if explore else dist.deterministic_sample()
+        new_state = tuple(s.cpu().numpy() for s in new_state_t)
+        extras = {LOGP: dist.logp(actions).cpu().numpy(), VF_PREDS: values[:, 0].cpu().numpy(),
+                  ACTION_DIST_INPUTS: dist_inputs[:, 0].cpu().numpy()}
+        for k, (before, after) in enumerate(zip(state, new_state)):
+            extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = np.asarray(before, np.float32), after
+        return actions.cpu().numpy(), extras, new_state
+
+    def sample_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]
+                                  ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:
+        """:meth:`compute_actions_with_state` (exploring) for a rollout worker's step loop."""
+        return self.compute_actions_with_state(obs, state, True)
 
     @torch.no_grad()
     def value(self, obs: np.ndarray) -> np.ndarray:

@@ -55,6 +55,12 @@ TD_ERROR = "td_error"
 # the config sets ``profile``; flowrl.testing.FakeWorker always stamps it). Learners measure staleness with it.
 WEIGHTS_VERSION = "weights_version"
 
+STATE_IN = "state_in_{}"
+"""A recurrent policy's state before acting, per row: ``STATE_IN.format(k)`` is the ``k``-th state tensor's column
+(for an LSTM, ``state_in_0`` holds h and ``state_in_1`` holds c)."""
+STATE_OUT = "state_out_{}"
+"""The state after acting, per row (equal to the next row's ``state_in`` within an episode)."""
+
 
 def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)

@@ -159,6 +159,14 @@ class RolloutWorker(ParallelIteratorWorker):
         self._obs: Any = self.env.reset()
         if self.obs_filter is not None:
             self._obs = self.obs_filter(np.asarray(self._obs))
+        # a recurrent policy's state per env (``()`` for a feed-forward one), and the state an episode starts from
+        self._initial_state: tuple[np.ndarray, ...] = ()
+        if isinstance(self.env, VectorEnv):
+            self._initial_state = self.policy_map[DEFAULT_POLICY_ID].initial_state(n)
+        elif any(p.is_recurrent for p in self.policy_map.values()):
+            raise ValueError("a recurrent policy acts in single-agent envs only for now; use a feed-forward model "
+                             "for multi-agent policies")
+        self._policy_state = tuple(s.copy() for s in self._initial_state)
         self._eps_id = np.arange(n, dtype=np.int64) + worker_index * 10**9  # unique per worker
         self._next_eps = int(self._eps_id[-1]) + 1
         self._ep_t = np.zeros(n, dtype=np.int64)
@@ -188,10 +196,18 @@ class RolloutWorker(ParallelIteratorWorker):
         assert isinstance(env, VectorEnv)  # single-agent config, checked in __init__
         obs, actions, rewards, terms, truncs, next_obs = [], [], [], [], [], []
         extras: dict[str, list[np.ndarray]] = {}
-        episodes, obs_filter = self._episodes, self.obs_filter
+        episodes, obs_filter, state = self._episodes, self.obs_filter, self._policy_state
         for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
-            acts, extra = policy.sample_actions(self._obs)
+            if state:  # a recurrent policy: it acts from each env's state and returns the next
+                acts, extra, state = policy.sample_actions_with_state(self._obs, state)
+            else:
+                acts, extra = policy.sample_actions(self._obs)
             step = env.step(policy.env_actions(acts))
+            if state:
+                ended = step.terminateds | step.truncateds
+                if ended.any():  # the next episode of that env starts from the initial state
+                    state = tuple(np.where(ended.reshape(-1, *[1] * (s.ndim - 1)), start, s)
+                                  for s, start in zip(state, self._initial_state))
             obs.append(self._obs)
             actions.append(acts)
             rewards.append(step.rewards)
@@ -210,6 +226,7 @@ class RolloutWorker(ParallelIteratorWorker):
                 self._obs = final.copy()
                 if reset.any():
                     self._obs[reset] = obs_filter(step.obs[reset])
+        self._policy_state = state
         columns = {OBS: obs, ACTIONS: actions, REWARDS: rewards, TERMINATEDS: terms, TRUNCATEDS: truncs,
                    NEXT_OBS: next_obs, **extras}
         stacked = {k: _env_major(v) for k, v in columns.items()}
@@ -452,7 +469,8 @@ class RolloutWorker(ParallelIteratorWorker):
         with self.learn_lock:
             state = {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()},
                      "env": self.env.get_state(), "next_eps": self._next_eps, "eps_id": self._eps_id.copy(),
-                     "ep_t": self._ep_t.copy(), "pending": [[dict(b) for b in per_env] for per_env in self._pending]}
+                     "ep_t": self._ep_t.copy(), "pending": [[dict(b) for b in per_env] for per_env in self._pending],
+                     "policy_state": [s.copy() for s in self._policy_state]}
             if self.obs_filter is not None:
                 state["obs_filter"] = self.obs_filter.get_state()
             return state
@@ -473,6 +491,14 @@ class RolloutWorker(ParallelIteratorWorker):
             self._next_eps = int(state["next_eps"])
             self._eps_id, self._ep_t = np.array(state["eps_id"]), np.array(state["ep_t"])
             self._pending = [[SampleBatch(b) for b in per_env] for per_env in state["pending"]]
+            carried = state.get("policy_state", [])
+            if len(carried) != len(self._initial_state) or any(
+                    np.shape(c) != s.shape for c, s in zip(carried, self._initial_state)):
+                raise ValueError(f"the state carries a recurrent policy state of shapes "
+                                 f"{[np.shape(c) for c in carried]}, but this worker's policy needs "
+                                 f"{[s.shape for s in self._initial_state]}; restore a state saved with the same model "
+                                 f"and num_envs_per_worker")
+            self._policy_state = tuple(np.array(c, np.float32) for c in carried)
 
     def apply(self, fn: Callable[[RolloutWorker], R]) -> R:
         """Calls ``fn(self)``: what ``WorkerSet.foreach_worker`` runs on each worker."""
