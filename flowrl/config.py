@@ -91,6 +91,15 @@ class ModelConfig:
         vf_share_layers: one trunk for policy and value (True) or a separate value network (False).
         conv_filters: ``(out_channels, kernel, stride)`` per conv layer, for image observations.
         free_log_std: Gaussian log-std as a state-independent parameter (True) or a network output.
+        use_lstm: a recurrent model (:class:`flowrl.models.RecurrentActorCritic`): the encoder and MLP feed a
+            cell whose state a rollout worker carries per env from step to step (restarted at every episode end)
+            and stores per row; the learner trains on sequences of at most ``max_seq_len`` steps. The policy and
+            value heads share the cell (``vf_share_layers`` is not read). Only algorithms whose configs say they
+            train recurrent models accept it (PPO).
+        lstm_cell_size: the cell's state size (256).
+        lstm_cell: ``"lstm"`` or ``"gru"``.
+        max_seq_len: the longest sequence the learner trains on (20): an episode is cut into sequences of this
+            many steps, each starting from the state the worker acted with.
     """
 
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -98,6 +107,10 @@ class ModelConfig:
     vf_share_layers: bool = False
     conv_filters: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
     free_log_std: bool = True
+    use_lstm: bool = False
+    lstm_cell_size: int = 256
+    lstm_cell: Literal["lstm", "gru"] = "lstm"
+    max_seq_len: int = 20
 
     def __post_init__(self) -> None:
         if not all(isinstance(h, int) and h > 0 for h in self.hidden_sizes):
@@ -107,6 +120,12 @@ class ModelConfig:
         for f in self.conv_filters:
             if len(f) != 3 or not all(isinstance(x, int) and x > 0 for x in f):
                 raise ValueError(f"ModelConfig.conv_filters entry {f!r} must be (out_channels, kernel, stride)")
+        for name, example in (("lstm_cell_size", 256), ("max_seq_len", 20)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelConfig.{name}={value!r} must be an int >= 1, e.g. {example}")
+        if self.lstm_cell not in ("lstm", "gru"):
+            raise ValueError(f"ModelConfig.lstm_cell={self.lstm_cell!r}; use 'lstm' or 'gru'")
 
 
 _FLOAT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
@@ -182,6 +201,8 @@ class PolicyConfig:
 
     #: float fields where ``inf`` is a meaningful setting (a subclass adds its own); NaN is never accepted.
     infinite_ok_fields: ClassVar[frozenset[str]] = frozenset()
+    #: whether this config's algorithm trains recurrent models (``model.use_lstm``); the others refuse them
+    trains_recurrent_models: ClassVar[bool] = False
 
     model: ModelConfig = field(default_factory=ModelConfig)
     lr: float = bounded(5e-4, gt=0)
@@ -205,6 +226,9 @@ class PolicyConfig:
         if self.on_nonfinite_update not in ("skip", "raise"):
             raise ValueError(f"on_nonfinite_update={self.on_nonfinite_update!r}; use 'skip' (drop the update and "
                              f"count it) or 'raise'")
+        if self.model.use_lstm and not type(self).trains_recurrent_models:
+            raise ValueError(f"model.use_lstm=True: {type(self).__name__}'s algorithm trains feed-forward models only; "
+                             f"PPO (PPOConfig) trains recurrent ones, or set use_lstm=False")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,12 +280,13 @@ class RolloutConfig(PolicyConfig):
             merges the workers' new statistics whenever it sends weights and sends the merged ones with them,
             checkpoints keep them and evaluation and :mod:`flowrl.inference` apply them, frozen. Single-agent,
             float observations only.
-        flush_denormal: each worker computes with denormal (subnormal) floats flushed to zero
-            (``torch.set_flush_denormal``), as TensorFlow does by default. On x86 an operation on a denormal costs
-            up to ~100 times a normal one, and Adam's moment estimates for a dead ReLU unit decay through the
-            denormal range: a SAC step on Pendulum spent about 1/7 of its time there. The setting belongs to the
-            thread that builds the worker (the driver's for the local worker) and the threads it starts later,
-            such as a learner thread, and the process keeps it. ``False`` leaves the process as it is.
+        flush_denormal: learning (a worker's ``learn_on_batch``, ``compute_gradients``, ``apply_gradients``, and
+            the multi-device learner's steps) computes with denormal (subnormal) floats flushed to zero
+            (:func:`flowrl.policy.flush_denormals`), as TensorFlow does by default. On x86 an operation on a
+            denormal costs up to ~100 times a normal one, and Adam's moment estimates for a dead ReLU unit decay
+            through the denormal range: a SAC step on Pendulum spent about 1/7 of its time there. The thread's
+            floating-point mode is restored after each call, so code outside learning (the user's, in the same
+            process) sees IEEE denormals as usual. ``False``: learning leaves the mode as it is.
     """
 
     env: EnvSpec = "CartPole-v1"

@@ -99,7 +99,8 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
     """The first episodes of each env of ``env`` (``episodes`` in all), acting with ``policy``.
 
     Args:
-        policy: acts through ``compute_actions(obs, explore=explore)``.
+        policy: acts through ``compute_actions(obs, explore=explore)``, or a recurrent one through
+            ``compute_actions_with_state`` from one state per env, restarted at each episode's end.
         env: a fresh vector env (it is reset here); env ``i`` runs ``episodes // N`` episodes, plus one for
             the first ``episodes % N`` envs. Its episodes must end (a time limit or a terminal state).
         episodes: how many complete episodes, >= 1.
@@ -114,10 +115,18 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
     quota = _quota(episodes, env.num_envs)
     per_env: list[list[tuple[float, int]]] = [[] for _ in quota]
     obs = env.reset()
+    start = policy.initial_state(env.num_envs)  # a recurrent policy: one state per env, restarted per episode
+    state = start
     while any(len(done) < want for done, want in zip(per_env, quota)):
-        actions, _ = policy.compute_actions(obs if obs_filter is None else obs_filter(obs, update=False),
-                                            explore=explore)
+        seen = obs if obs_filter is None else obs_filter(obs, update=False)
+        if state:
+            actions, _, state = policy.compute_actions_with_state(seen, state, explore=explore)
+        else:
+            actions, _ = policy.compute_actions(seen, explore=explore)
         step = env.step(policy.env_actions(actions))
+        if state:
+            ended = (step.terminateds | step.truncateds).reshape(-1, 1)
+            state = tuple(np.where(ended, s0, s) for s, s0 in zip(state, start))
         for ep in step.episodes:
             if len(per_env[ep.env_index]) < quota[ep.env_index]:
                 per_env[ep.env_index].append((float(ep.episode_return), int(ep.episode_length)))

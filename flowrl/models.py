@@ -288,8 +288,10 @@ def dist_class_for(action_space: gym.Space[object]) -> tuple[type[ActionDistribu
                      f"1-D Box action spaces (flatten or wrap the env's action space)")
 
 
-def make_model(obs_space: gym.Space[object], action_space: gym.Space[object], config: ModelConfig) -> ActorCriticModel:
-    """An actor-critic model for a Box observation space: 1-D (or flattened) via MLP, HWC images via CNN.
+def make_model(obs_space: gym.Space[object], action_space: gym.Space[object],
+               config: ModelConfig) -> ActorCriticModel | RecurrentActorCritic:
+    """An actor-critic model for a Box observation space: 1-D (or flattened) via MLP, HWC images via CNN; with
+    ``config.use_lstm`` a :class:`RecurrentActorCritic` over the same encoder and MLP.
 
     Raises:
         ValueError: an observation space that is not a Box (e.g. Dict, Discrete), or an unsupported action space.
@@ -299,10 +301,11 @@ def make_model(obs_space: gym.Space[object], action_space: gym.Space[object], co
                          f"(vector), 2 (flattened) or 3 (HWC image) dimensions; wrap the env, e.g. with "
                          f"gymnasium.wrappers.FlattenObservation")
     dist_class, num_outputs = dist_class_for(action_space)
-    if dist_class is DiagGaussian and config.free_log_std:
-        half = num_outputs // 2
-        return ActorCriticModel(obs_space, half, config, extra_free_params=half)
-    return ActorCriticModel(obs_space, num_outputs, config)
+    free = num_outputs // 2 if dist_class is DiagGaussian and config.free_log_std else 0
+    if config.use_lstm:
+        return RecurrentActorCritic(obs_space, num_outputs - free, config, cell_size=config.lstm_cell_size,
+                                    cell=config.lstm_cell, extra_free_params=free)
+    return ActorCriticModel(obs_space, num_outputs - free, config, extra_free_params=free)
 
 
 _NP_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {

@@ -14,8 +14,9 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -23,10 +24,15 @@ import torch
 
 from flowrl.config import PolicyConfig
 from flowrl.models import ActionDistribution, NumpyActing, RecurrentActorCritic, dist_class_for, make_model
-from flowrl.sample_batch import ACTION_DIST_INPUTS, ACTIONS, LOGP, STATE_IN, STATE_OUT, VF_PREDS, SampleBatch
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, LOGP, OBS, STATE_IN, STATE_OUT, VF_PREDS,
+                                 SampleBatch, T)
+from flowrl.sequences import pad, sequence_lengths, sequence_mask, sequence_starts
+
+#: the keys of :meth:`Policy.sequence_tensors` that hold the padded observations and their mask
+SEQ_OBS, SEQ_MASK = "_seq_obs", "_seq_mask"
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data",
-           "env_action_map"]
+           "env_action_map", "flush_denormals", "denormals_flushed_now"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -160,6 +166,35 @@ def env_action_map(space: gym.Space[Any], *, normalize: bool,
     if clip:
         return lambda actions: np.clip(actions, low, high).astype(dtype, copy=False)
     return None
+
+
+_TINY = np.float32(1e-39)  # below float32's smallest normal number (1.2e-38): a denormal
+
+
+def denormals_flushed_now() -> bool:
+    """Whether this thread computes with denormal floats flushed to zero (a denormal times 1 gives 0).
+
+    Examples:
+        >>> with flush_denormals():
+        ...     denormals_flushed_now()
+        True
+    """
+    return bool(_TINY * np.float32(1.0) == 0)
+
+
+@contextlib.contextmanager
+def flush_denormals(enabled: bool = True) -> Iterator[None]:
+    """Inside the block this thread flushes denormal floats to zero (``torch.set_flush_denormal``); after it, the
+    thread is as it was. A learner runs its steps inside it (``RolloutConfig.flush_denormal``): on x86 an
+    operation on a denormal costs up to ~100 times a normal one, and Adam's moment estimates for a dead ReLU unit
+    decay through the denormal range. ``enabled=False``, or a thread that flushes already: nothing changes."""
+    if not enabled or denormals_flushed_now() or not torch.set_flush_denormal(True):
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 class Policy:
@@ -316,6 +351,41 @@ class Policy:
         for k, (before, after) in enumerate(zip(state, new_state)):
             extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = np.asarray(before, np.float32), after
         return actions.cpu().numpy(), extras, new_state
+
+    @torch.no_grad()
+    def value_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]) -> np.ndarray:
+        """``V(obs)`` ``[B]`` of a recurrent policy from the states ``[B, ...]`` it reaches those observations with."""
+        model = self.model
+        if not isinstance(model, RecurrentActorCritic):
+            raise TypeError(f"{type(self).__name__}'s model ({type(model).__name__}) carries no state; use value(obs)")
+        state_t = tuple(torch.as_tensor(np.asarray(s, np.float32), device=self.device) for s in state)
+        return model(self._obs_tensor(obs)[:, None], state_t)[1][:, 0].cpu().numpy()  # type: ignore[no-any-return]
+
+    def sequence_tensors(self, batch: SampleBatch, columns: Sequence[str]) -> TensorBatch:
+        """A recurrent policy's learner input: the ``columns`` as row tensors ``[N, ...]`` (the losses read them
+        as they are), the observations as padded sequences (``SEQ_OBS`` ``[S, T, ...]``, :mod:`flowrl.sequences`:
+        sequences from ``eps_id`` and ``t``, at most ``model.max_seq_len`` steps), their mask (``SEQ_MASK``
+        ``[S, T]``, whose True entries in row-major order are the batch's rows in order) and each sequence's
+        initial state (``state_in_<k>`` ``[S, ...]``, read at its first row)."""
+        max_len = self.config.model.max_seq_len
+        lens = sequence_lengths(batch[EPS_ID], batch[T], max_len)
+        starts = sequence_starts(lens)
+        out = {k: column_tensor(batch[k], self.device) for k in columns if k in batch}
+        out[SEQ_OBS] = torch.as_tensor(pad(batch[OBS], lens, max_len), device=self.device)
+        out[SEQ_MASK] = torch.as_tensor(sequence_mask(lens, max_len), device=self.device)
+        for k in range(len(self.initial_state(1))):
+            out[STATE_IN.format(k)] = torch.as_tensor(batch[STATE_IN.format(k)][starts], device=self.device)
+        return out
+
+    def forward_rows(self, batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(dist_inputs [N, ...], values [N])`` for the batch's rows, in row order: the model on ``obs``, or for
+        a recurrent policy on the padded sequences of :meth:`sequence_tensors`, padding dropped."""
+        if SEQ_MASK not in batch:
+            return self.model(batch[OBS])  # type: ignore[no-any-return]
+        mask = batch[SEQ_MASK]
+        state = tuple(batch[STATE_IN.format(k)] for k in range(len(self.initial_state(1))))
+        dist_inputs, values, _ = self.model(batch[SEQ_OBS], state)
+        return dist_inputs[mask], values[mask]
 
     def sample_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]
                                   ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:

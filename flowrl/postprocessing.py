@@ -14,7 +14,7 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -128,8 +128,8 @@ def compute_nstep(*, rewards: np.ndarray, terminateds: np.ndarray, truncateds: n
     return returns.astype(np.float32), next_index, done, discounts.astype(np.float32)
 
 
-def add_advantages(batch: SampleBatch, value_fn: Callable[[np.ndarray], np.ndarray], *, gamma: float,
-                   lambda_: float, use_gae: bool = True) -> SampleBatch:
+def add_advantages(batch: SampleBatch, value_fn: Callable[..., np.ndarray], *, gamma: float,
+                   lambda_: float, use_gae: bool = True, state_columns: Sequence[str] = ()) -> SampleBatch:
     """Adds ``advantages`` and ``value_targets`` to one trajectory piece (one env, one episode or part of one).
 
     ``V(s_{t+1})`` inside the piece is the sampled ``vf_preds`` of the next row. The last row (and any
@@ -139,7 +139,9 @@ def add_advantages(batch: SampleBatch, value_fn: Callable[[np.ndarray], np.ndarr
 
     Args:
         batch: the piece, with ``rewards``, ``vf_preds``, ``terminateds``, ``truncateds`` and ``new_obs``.
-        value_fn: ``V`` for a batch of observations (a policy's :meth:`~flowrl.policy.Policy.value`).
+        value_fn: ``V`` for a batch of observations (a policy's :meth:`~flowrl.policy.Policy.value`); with
+            ``state_columns``, ``value_fn(obs, states)`` where ``states`` holds those columns at the bootstrapped
+            rows (a recurrent policy's :meth:`~flowrl.policy.Policy.value_with_state` with its ``state_out_*``).
 
     Returns:
         ``batch``, with the two columns added in place.
@@ -158,7 +160,11 @@ def add_advantages(batch: SampleBatch, value_fn: Callable[[np.ndarray], np.ndarr
     bootstrap &= ~terminated
     next_values = np.append(values[1:], np.float32(0.0)).astype(np.float32)  # V(s_{t+1}) inside the piece
     if bootstrap.any():
-        next_values[bootstrap] = value_fn(batch[NEXT_OBS][bootstrap])
+        if state_columns:
+            next_values[bootstrap] = value_fn(batch[NEXT_OBS][bootstrap],
+                                              tuple(batch[c][bootstrap] for c in state_columns))
+        else:
+            next_values[bootstrap] = value_fn(batch[NEXT_OBS][bootstrap])
     if use_gae:
         batch[ADVANTAGES], batch[VALUE_TARGETS] = compute_gae(
             rewards=batch[REWARDS], values=values, next_values=next_values, terminateds=terminated,

@@ -33,7 +33,7 @@ from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, Vect
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter, make_filter
 from flowrl.iter import ParallelIteratorWorker
-from flowrl.policy import Policy
+from flowrl.policy import Policy, flush_denormals
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
@@ -140,8 +140,6 @@ class RolloutWorker(ParallelIteratorWorker):
         self.learn_lock = threading.RLock()
         if worker_index > 0:  # a remote worker: one intra-op thread per reserved CPU
             torch.set_num_threads(max(1, int(config.num_cpus_per_worker)))
-        if config.flush_denormal:
-            torch.set_flush_denormal(True)  # (False on a CPU without the instructions for it: nothing to do)
         policy_config = dataclasses.replace(config, seed=_policy_seed(config.seed, worker_index))
         self.env: VectorEnv | MultiAgentVectorEnv
         self.mapping: PolicyMapping | None = None
@@ -398,20 +396,25 @@ class RolloutWorker(ParallelIteratorWorker):
         return batch.as_multi_agent().policy_batches
 
     def learn_on_batch(self, batch: AnyBatch) -> dict[str, dict[str, Any]]:
-        """Trains each policy to train on its part of ``batch``; ``{pid: {"learner_stats": ...}}``."""
-        return {pid: self.policy_map[pid].learn_on_batch(b) for pid, b in self._policy_batches(batch).items()
-                if pid in self.policies_to_train}
+        """Trains each policy to train on its part of ``batch``; ``{pid: {"learner_stats": ...}}``. Learning runs
+        with denormal floats flushed to zero when ``config.flush_denormal`` (:func:`~flowrl.policy.flush_denormals`),
+        as do :meth:`compute_gradients` and :meth:`apply_gradients`."""
+        with flush_denormals(self.config.flush_denormal):
+            return {pid: self.policy_map[pid].learn_on_batch(b) for pid, b in self._policy_batches(batch).items()
+                    if pid in self.policies_to_train}
 
     def compute_gradients(self, batch: AnyBatch) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
         grads, infos = {}, {}
-        for pid, b in self._policy_batches(batch).items():
-            if pid in self.policies_to_train:
-                grads[pid], infos[pid] = self.policy_map[pid].compute_gradients(b)
+        with flush_denormals(self.config.flush_denormal):
+            for pid, b in self._policy_batches(batch).items():
+                if pid in self.policies_to_train:
+                    grads[pid], infos[pid] = self.policy_map[pid].compute_gradients(b)
         return grads, infos
 
     def apply_gradients(self, grads: Mapping[str, list[np.ndarray]]) -> None:
-        for pid, g in grads.items():
-            self.get_policy(pid).apply_gradients(g)
+        with flush_denormals(self.config.flush_denormal):
+            for pid, g in grads.items():
+                self.get_policy(pid).apply_gradients(g)
 
     # -- weights and state -----------------------------------------------------------------------
     def weights_version(self, policy_id: str = DEFAULT_POLICY_ID) -> int:

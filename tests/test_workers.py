@@ -247,35 +247,31 @@ def test_fragment_logp_computed_after_the_steps_equals_the_policy_distribution()
         np.testing.assert_allclose(batch[LOGP], ref, rtol=1e-5, atol=1e-5)
 
 
-def _denormal_survives() -> bool:
-    """Whether this thread keeps a denormal float32 through a multiplication (False: flushed to zero)."""
-    import torch
 
-    tiny = torch.full((4,), 1e-39, dtype=torch.float32)  # below float32's smallest normal, 1.2e-38
-    return bool((tiny * 1.0001).ne(0).all())
-
-
-@pytest.mark.parametrize("flush", [True, False])
-def test_flush_denormal_sets_the_building_thread_and_the_threads_it_starts(flush: bool) -> None:
-    """A worker built with flush_denormal=True flushes denormals in the thread that built it and in a thread started
-    after (a learner thread); with False it leaves the thread as it was. Run in fresh threads, as the setting
-    belongs to a thread."""
+@pytest.mark.parametrize("flush, before", [(True, False), (True, True), (False, False)])
+def test_learning_flushes_denormals_and_leaves_the_thread_as_it_was(flush: bool, before: bool) -> None:
+    """With flush_denormal, a worker learns with denormals flushed to zero, and the thread's mode is as it was
+    after (a process whose own code flushes keeps flushing); run in a fresh thread, as the mode is a thread's."""
     import threading
 
     import torch
 
+    from flowrl.policy import denormals_flushed_now
+
     seen: dict[str, bool] = {}
 
-    def build() -> None:
+    def run() -> None:
+        torch.set_flush_denormal(before)
+        w = worker(flush_denormal=flush)
+        policy = w.get_policy()
+        learn = policy.learn_on_batch
+        policy.learn_on_batch = lambda b: (seen.__setitem__("learning", denormals_flushed_now()),  # type: ignore
+                                           learn(b))[1]
+        w.learn_on_batch(w.sample())
+        seen["after"] = denormals_flushed_now()
         torch.set_flush_denormal(False)
-        seen["before"] = _denormal_survives()
-        worker(flush_denormal=flush)
-        seen["after"] = _denormal_survives()
-        later = threading.Thread(target=lambda: seen.__setitem__("later", _denormal_survives()))
-        later.start()
-        later.join()
 
-    thread = threading.Thread(target=build)
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    assert seen == {"before": True, "after": not flush, "later": not flush}
+    assert seen == {"learning": flush or before, "after": before}

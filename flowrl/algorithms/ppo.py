@@ -36,7 +36,7 @@ from flowrl.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, Stan
                         UpdateKL, WarnAboutBadRewardScales, train_one_step)
 from flowrl.policy import Policy, TensorBatch, column_tensor
 from flowrl.postprocessing import add_advantages
-from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS,
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS, STATE_OUT,
                                  REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
 from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
@@ -69,6 +69,7 @@ class PPOConfig(TrainerConfig):
     """
 
     infinite_ok_fields: ClassVar[frozenset[str]] = frozenset({"vf_clip_param"})
+    trains_recurrent_models: ClassVar[bool] = True  # model.use_lstm: sequences, minibatches of whole sequences
 
     train_batch_size: int = 4000
     sgd_minibatch_size: int = bounded(128, ge=1, meaning="rows per SGD minibatch")
@@ -89,6 +90,10 @@ class PPOConfig(TrainerConfig):
         if self.sgd_minibatch_size > self.train_batch_size:
             raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} exceeds train_batch_size="
                              f"{self.train_batch_size}; lower sgd_minibatch_size or raise train_batch_size")
+        if self.model.use_lstm and not self.use_simple_optimizer:
+            raise ValueError(f"model.use_lstm=True trains with one learner device (TrainOneStep), whose minibatches "
+                             f"keep sequences whole: num_gpus={self.num_gpus}, simple_optimizer={self.simple_optimizer}"
+                             f" asks for the multi-device learner; set num_gpus <= 1 and simple_optimizer=None")
 
 
 def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
@@ -174,18 +179,25 @@ class PPOPolicy(Policy):
     # -- postprocessing ---------------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         cfg = self.config
+        if self.is_recurrent:  # a bootstrap value reads the state the worker reached the row's new_obs with
+            outs = [STATE_OUT.format(k) for k in range(len(self.initial_state(1)))]
+            return add_advantages(batch, self.value_with_state, gamma=cfg.gamma, lambda_=cfg.lambda_,
+                                  use_gae=cfg.use_gae, state_columns=outs)
         return add_advantages(batch, self.value, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)
 
     # -- loss -------------------------------------------------------------------------------------
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:
-        """Only the columns the loss reads (fewer conversions per minibatch); all numeric ones otherwise."""
+        """Only the columns the loss reads (fewer conversions per minibatch); all numeric ones otherwise. A
+        recurrent model gets them with the padded sequences of :meth:`~flowrl.policy.Policy.sequence_tensors`."""
+        if self.is_recurrent:
+            return self.sequence_tensors(batch, [k for k in _LOSS_COLUMNS if k != OBS])
         if all(k in batch for k in _LOSS_COLUMNS):
             return {k: column_tensor(batch[k], self.device) for k in _LOSS_COLUMNS}
         return super().to_tensors(batch)
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        dist_inputs, values = self.model(batch[OBS])
+        dist_inputs, values = self.forward_rows(batch)
         dist = self.dist_class(dist_inputs)
         ratio = torch.exp(dist.logp(batch[ACTIONS]) - batch[LOGP])
         adv = batch[ADVANTAGES]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,9 +30,10 @@ from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, LEARN_ON_BATCH_TIMER, L
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
 from flowrl.ops._common import (LearnerInfo, check_batch, check_workers, record_staleness, resolve_policies,
                                 staleness_info, tree_mean, weight_update_vars)
-from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy
+from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy, flush_denormals
 from flowrl.metrics import Summary
-from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
+from flowrl.sample_batch import EPS_ID, AnyBatch, MultiAgentBatch, SampleBatch, T
+from flowrl.sequences import sequence_lengths, shuffled_sequence_minibatches
 from flowrl.validation import check_int, check_number
 from flowrl.workers import WorkerSet
 
@@ -69,6 +70,18 @@ def _mean_stats(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 # -- learning on batches --------------------------------------------------------------------------
+
+def _minibatches(policy: Any, part: SampleBatch, size: int, rng: np.random.Generator) -> Iterator[SampleBatch]:
+    """``part``'s rows permuted and cut into minibatches of ``size`` rows; for a recurrent policy whole sequences
+    (:mod:`flowrl.sequences`, at most ``model.max_seq_len`` steps) are permuted, and each minibatch takes whole
+    sequences until it holds at least ``size`` rows."""
+    if not getattr(policy, "is_recurrent", False):
+        yield from part.minibatches(size, seed=rng, shuffle=True)
+        return
+    lens = sequence_lengths(part[EPS_ID], part[T], policy.config.model.max_seq_len)
+    for rows, _ in shuffled_sequence_minibatches(lens, size, rng):
+        yield part.rows(rows)
+
 
 class LearnOnBatch(MetricsBinding):
     """The learn half of TrainOneStep: trains the local worker on a batch; emits ``(batch, learner_info)``.
@@ -121,7 +134,7 @@ class LearnOnBatch(MetricsBinding):
             epoch_stats: list[dict[str, Any]] = []
             for _ in range(self.num_sgd_iter):
                 epoch_stats = []
-                for mb in part.minibatches(size, seed=rng, shuffle=True):
+                for mb in _minibatches(local.get_policy(pid), part, size, rng):
                     wrapped = mb if isinstance(batch, SampleBatch) else MultiAgentBatch({pid: mb}, mb.count)
                     result = local.learn_on_batch(wrapped)
                     if pid in result:
@@ -396,6 +409,11 @@ class MultiGPUTrainOneStep(MetricsBinding):
 
     def _step(self, policy: Policy, towers: list[SampleBatch], loaded: dict[str, torch.Tensor] | None,
               rows: slice) -> dict[str, Any]:
+        with flush_denormals(getattr(self.workers.local_worker().config, "flush_denormal", False)):
+            return self._step_flushed(policy, towers, loaded, rows)
+
+    def _step_flushed(self, policy: Policy, towers: list[SampleBatch], loaded: dict[str, torch.Tensor] | None,
+                      rows: slice) -> dict[str, Any]:
         if loaded is not None:
             stats: dict[str, Any] = policy.learn_on_tensors({k: v[rows] for k, v in loaded.items()})[LEARNER_STATS_KEY]
             return stats
