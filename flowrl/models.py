@@ -600,7 +600,7 @@ class ContinuousQModel(nn.Module):
             bound = 1.0 / math.sqrt(a)  # nn.Linear's default initialisation, per critic
             self.weights.append(nn.Parameter(torch.empty(num_q, a, b).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(num_q, 1, b).uniform_(-bound, bound)))
-        self._register_load_state_dict_pre_hook(_stack_linear_critics)
+        self._register_load_state_dict_pre_hook(_stack_linear_critics)  # type: ignore[no-untyped-call]
 
     def _inputs(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.encoder(obs.float() if obs.dtype != torch.uint8 else obs), actions.float()], dim=-1)

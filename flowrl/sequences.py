@@ -98,7 +98,7 @@ def sequence_mask(seq_lens: npt.ArrayLike, max_seq_len: int) -> npt.NDArray[np.b
     if len(lens) and (lens.min() < 1 or lens.max() > max_seq_len):
         raise ValueError(f"seq_lens must lie in [1, max_seq_len={max_seq_len}], got min {lens.min()} and max "
                          f"{lens.max()}")
-    return np.arange(max_seq_len) < lens[:, None]  # type: ignore[no-any-return]
+    return np.arange(max_seq_len) < lens[:, None]
 
 
 def pad(column: npt.NDArray[Any], seq_lens: npt.ArrayLike, max_seq_len: int) -> npt.NDArray[Any]:

@@ -46,11 +46,12 @@ class StatelessCartPole(CartPoleEnv):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         full = self.observation_space
+        assert isinstance(full, gymnasium.spaces.Box)  # CartPole's
         self.observation_space = gymnasium.spaces.Box(full.low[list(VISIBLE)], full.high[list(VISIBLE)],
                                                       dtype=np.float32)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = super().step(action)
+        obs, reward, terminated, truncated, info = super().step(action)  # type: ignore[no-untyped-call]
         return obs[list(VISIBLE)], reward, terminated, truncated, info
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
