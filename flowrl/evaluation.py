@@ -35,7 +35,7 @@ import numpy as np
 from flowrl.envs import (EnvContext, EnvSpec, MultiAgentVectorEnv, PolicyMapping, VectorEnv, make_env,
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter
-from flowrl.policy import Policy
+from flowrl.policy import Policy, restart_states
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import check_int
 
@@ -125,8 +125,7 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
             actions, _ = policy.compute_actions(seen, explore=explore)
         step = env.step(policy.env_actions(actions))
         if state:
-            ended = (step.terminateds | step.truncateds).reshape(-1, 1)
-            state = tuple(np.where(ended, s0, s) for s, s0 in zip(state, start))
+            state = restart_states(state, step.terminateds | step.truncateds, start)
         for ep in step.episodes:
             if len(per_env[ep.env_index]) < quota[ep.env_index]:
                 per_env[ep.env_index].append((float(ep.episode_return), int(ep.episode_length)))

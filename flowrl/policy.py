@@ -32,7 +32,8 @@ from flowrl.sequences import pad, sequence_lengths, sequence_mask, sequence_star
 SEQ_OBS, SEQ_MASK = "_seq_obs", "_seq_mask"
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data",
-           "env_action_map", "flush_denormals", "denormals_flushed_now"]
+           "env_action_map", "flush_denormals", "denormals_flushed_now", "module_weights", "load_module_weights",
+           "restart_states"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -197,6 +198,35 @@ def flush_denormals(enabled: bool = True) -> Iterator[None]:
         torch.set_flush_denormal(False)
 
 
+def module_weights(module: torch.nn.Module) -> dict[str, np.ndarray]:
+    """``module``'s state dict as CPU numpy copies (never aliases of the live tensors), by name.
+
+    Examples:
+        >>> sorted(module_weights(torch.nn.Linear(2, 1)))
+        ['bias', 'weight']
+    """
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def load_module_weights(module: torch.nn.Module, weights: Mapping[str, Any], device: torch.device) -> None:
+    """Loads :func:`module_weights` output (numpy arrays or lists, by name) into ``module`` on ``device``."""
+    module.load_state_dict({k: torch.as_tensor(np.array(v), device=device) for k, v in weights.items()})
+
+
+def restart_states(state: tuple[np.ndarray, ...], ended: np.ndarray,
+                   start: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """A recurrent policy's per-env ``state`` with the rows of the envs whose episode ``ended`` ``[N]`` back at
+    ``start`` (the :meth:`Policy.initial_state` an episode begins from); ``state`` itself when none ended.
+
+    Examples:
+        >>> restart_states((np.ones((2, 3)),), np.array([False, True]), (np.zeros((2, 3)),))[0].tolist()
+        [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    """
+    if not ended.any():
+        return state
+    return tuple(np.where(ended.reshape(-1, *[1] * (s.ndim - 1)), s0, s) for s, s0 in zip(state, start))
+
+
 class Policy:
     """A torch actor-critic policy with acting, learning and state hooks.
 
@@ -315,6 +345,12 @@ class Policy:
 
     # -- recurrent acting ---------------------------------------------------------------------------
     @property
+    def num_state_tensors(self) -> int:
+        """How many state tensors the model carries (an LSTM: 2, a GRU: 1, a feed-forward model: 0)."""
+        model = self.model
+        return (2 if model.cell == "lstm" else 1) if isinstance(model, RecurrentActorCritic) else 0
+
+    @property
     def is_recurrent(self) -> bool:
         """Whether the model carries a state from step to step (a :class:`~flowrl.models.RecurrentActorCritic`):
         rollout workers then act through :meth:`sample_actions_with_state` and keep a state per env."""
@@ -373,7 +409,7 @@ class Policy:
         out = {k: column_tensor(batch[k], self.device) for k in columns if k in batch}
         out[SEQ_OBS] = torch.as_tensor(pad(batch[OBS], lens, max_len), device=self.device)
         out[SEQ_MASK] = torch.as_tensor(sequence_mask(lens, max_len), device=self.device)
-        for k in range(len(self.initial_state(1))):
+        for k in range(self.num_state_tensors):
             out[STATE_IN.format(k)] = torch.as_tensor(batch[STATE_IN.format(k)][starts], device=self.device)
         return out
 
@@ -383,7 +419,7 @@ class Policy:
         if SEQ_MASK not in batch:
             return self.model(batch[OBS])  # type: ignore[no-any-return]
         mask = batch[SEQ_MASK]
-        state = tuple(batch[STATE_IN.format(k)] for k in range(len(self.initial_state(1))))
+        state = tuple(batch[STATE_IN.format(k)] for k in range(self.num_state_tensors))
         dist_inputs, values, _ = self.model(batch[SEQ_OBS], state)
         return dist_inputs[mask], values[mask]
 
@@ -509,7 +545,7 @@ class Policy:
     # -- weights and state ------------------------------------------------------------------------
     def get_weights(self) -> Weights:
         """The model's parameters and buffers as CPU numpy arrays, by name."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+        return module_weights(self.model)
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Loads weights from :meth:`get_weights` (of a policy with the same model)."""
@@ -525,7 +561,7 @@ class Policy:
                                  f"{tuple(tensor.shape)} in this model; weights must come from a policy with the same "
                                  f"ModelConfig (hidden_sizes) and spaces")
         # np.array copies: arrays from Ray's object store are read-only
-        self.model.load_state_dict({k: torch.as_tensor(np.array(v), device=self.device) for k, v in weights.items()})
+        load_module_weights(self.model, weights, self.device)
 
     def get_state(self) -> dict[str, Any]:
         """Weights, optimizer state, RNG states and the global timestep, as numpy and plain data, and the

@@ -33,7 +33,7 @@ from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, Vect
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter, make_filter
 from flowrl.iter import ParallelIteratorWorker
-from flowrl.policy import Policy, flush_denormals
+from flowrl.policy import Policy, flush_denormals, restart_states
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
@@ -201,11 +201,8 @@ class RolloutWorker(ParallelIteratorWorker):
             else:
                 acts, extra = policy.sample_actions(self._obs)
             step = env.step(policy.env_actions(acts))
-            if state:
-                ended = step.terminateds | step.truncateds
-                if ended.any():  # the next episode of that env starts from the initial state
-                    state = tuple(np.where(ended.reshape(-1, *[1] * (s.ndim - 1)), start, s)
-                                  for s, start in zip(state, self._initial_state))
+            if state:  # the next episode of an env that ended starts from the initial state
+                state = restart_states(state, step.terminateds | step.truncateds, self._initial_state)
             obs.append(self._obs)
             actions.append(acts)
             rewards.append(step.rewards)

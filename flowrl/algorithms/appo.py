@@ -41,7 +41,7 @@ from flowrl.algorithms.impala import IMPALAConfig, IMPALAPolicy
 from flowrl.config import PolicyConfig
 from flowrl.iter import LocalIterator
 from flowrl.ops.train import UpdateTargetAndKL
-from flowrl.policy import TensorBatch
+from flowrl.policy import TensorBatch, load_module_weights, module_weights
 from flowrl.sample_batch import ACTIONS, LOGP, OBS
 from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
@@ -182,7 +182,7 @@ class APPOPolicy(IMPALAPolicy):
 
     def get_state(self) -> dict[str, Any]:
         """The base state plus the target network's weights and the adapted ``kl_coeff``."""
-        target = {k: v.detach().cpu().numpy().copy() for k, v in self.target_model.state_dict().items()}
+        target = module_weights(self.target_model)
         return {**super().get_state(), "target_weights": target, "kl_coeff": self.kl_coeff}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -191,8 +191,7 @@ class APPOPolicy(IMPALAPolicy):
             raise ValueError(f"APPOPolicy.set_state: the state has no {missing} (keys {sorted(state)}); restore a "
                              f"state saved by an APPOPolicy")
         super().set_state(state)
-        self.target_model.load_state_dict(
-            {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
+        load_module_weights(self.target_model, state["target_weights"], self.device)
         self.kl_coeff = float(state["kl_coeff"])
 
 

@@ -37,7 +37,7 @@ from flowrl.config import ModelConfig, PolicyConfig
 from flowrl.envs.base import EnvSpec
 from flowrl.models import ActorModel, ContinuousQModel, NumpyMLP
 from flowrl.policy import (NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, _to_numpy_tree, _to_torch_tree,
-                           column_tensor, make_adam)
+                           column_tensor, load_module_weights, make_adam, module_weights)
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, WEIGHTS, SampleBatch
 from flowrl.validation import bounded
 
@@ -433,7 +433,7 @@ class DDPGPolicy(Policy):
     def get_state(self) -> dict[str, Any]:
         """The base state (the critic's optimizer as ``optimizer``) plus the target networks, the actor's optimizer,
         the exploration noise's state and the update counters."""
-        target = {k: v.detach().cpu().numpy().copy() for k, v in self.target_model.state_dict().items()}
+        target = module_weights(self.target_model)
         base = super().get_state()
         return {**base, "target_weights": target,
                 "actor_optimizer": _to_numpy_tree(self.actor_optimizer.state_dict()),
@@ -448,8 +448,7 @@ class DDPGPolicy(Policy):
             raise ValueError(f"{type(self).__name__}.set_state: the state has no {missing} (keys {sorted(state)}); "
                              f"restore a state saved by a DDPGPolicy")
         super().set_state(state)
-        self.target_model.load_state_dict(
-            {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
+        load_module_weights(self.target_model, state["target_weights"], self.device)
         self.actor_optimizer.load_state_dict(_to_torch_tree(state["actor_optimizer"]))
         self.noise_scale = float(state["noise_scale"])
         self.ou_state = np.array(state["ou_state"], np.float32)

@@ -40,7 +40,8 @@ from flowrl.iter import LocalIterator
 from flowrl.models import NumpyQ, QModel
 from flowrl.ops import (Concurrently, ParallelRollouts, Replay, StandardMetricsReporting, StoreToReplayBuffer,
                         UpdatePriorities, UpdateTargetNetwork, train_one_step)
-from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, column_tensor, make_adam
+from flowrl.policy import (NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, column_tensor, load_module_weights,
+                           make_adam, module_weights)
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
                                  AnyBatch, SampleBatch)
@@ -343,7 +344,7 @@ class DQNPolicy(Policy):
     # -- state ------------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         """The base state plus the target network's weights."""
-        target = {k: v.detach().cpu().numpy().copy() for k, v in self.target_model.state_dict().items()}
+        target = module_weights(self.target_model)
         return {**super().get_state(), "target_weights": target}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -351,8 +352,7 @@ class DQNPolicy(Policy):
         if "target_weights" not in state:
             raise ValueError(f"DQNPolicy.set_state: the state has no 'target_weights' (keys {sorted(state)}); "
                              f"restore a state saved by a DQNPolicy")
-        self.target_model.load_state_dict(
-            {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
+        load_module_weights(self.target_model, state["target_weights"], self.device)
 
 
 ALGORITHM = Algorithm("dqn", DQNConfig, DQNPolicy, plan, make_owned_state=make_owned_state)

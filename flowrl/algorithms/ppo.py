@@ -180,7 +180,7 @@ class PPOPolicy(Policy):
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         cfg = self.config
         if self.is_recurrent:  # a bootstrap value reads the state the worker reached the row's new_obs with
-            outs = [STATE_OUT.format(k) for k in range(len(self.initial_state(1)))]
+            outs = [STATE_OUT.format(k) for k in range(self.num_state_tensors)]
             return add_advantages(batch, self.value_with_state, gamma=cfg.gamma, lambda_=cfg.lambda_,
                                   use_gae=cfg.use_gae, state_columns=outs)
         return add_advantages(batch, self.value, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)

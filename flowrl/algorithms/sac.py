@@ -37,7 +37,8 @@ from flowrl.algorithms.off_policy import NSTEP_DISCOUNTS, OffPolicyConfig, nstep
 from flowrl.config import ModelConfig, PolicyConfig
 from flowrl.envs.base import EnvSpec
 from flowrl.models import ActorModel, ContinuousQModel, NumpyMLP
-from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, column_tensor, make_adam
+from flowrl.policy import (NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, column_tensor, load_module_weights,
+                           make_adam, module_weights)
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, WEIGHTS, SampleBatch
 from flowrl.validation import bounded
 
@@ -397,7 +398,7 @@ class SACPolicy(Policy):
     def get_state(self) -> dict[str, Any]:
         """The base state (all three networks' weights, the one optimizer with its three parameter groups, the
         RNGs) plus the target critics' weights."""
-        target = {k: v.detach().cpu().numpy().copy() for k, v in self.target_critics.state_dict().items()}
+        target = module_weights(self.target_critics)
         return {**super().get_state(), "target_weights": target}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -405,8 +406,7 @@ class SACPolicy(Policy):
             raise ValueError(f"SACPolicy.set_state: the state has no 'target_weights' (keys {sorted(state)}); "
                              f"restore a state saved by a SACPolicy")
         super().set_state(state)
-        self.target_critics.load_state_dict(
-            {k: torch.as_tensor(np.array(v), device=self.device) for k, v in state["target_weights"].items()})
+        load_module_weights(self.target_critics, state["target_weights"], self.device)
 
 
 ALGORITHM = Algorithm("sac", SACConfig, SACPolicy, plan, make_owned_state=make_owned_state)
