@@ -228,7 +228,7 @@ class PolicyConfig:
                              f"count it) or 'raise'")
         if self.model.use_lstm and not type(self).trains_recurrent_models:
             raise ValueError(f"model.use_lstm=True: {type(self).__name__}'s algorithm trains feed-forward models only; "
-                             f"PPO (PPOConfig) trains recurrent ones, or set use_lstm=False")
+                             f"PPO, A2C, A3C, IMPALA and APPO train recurrent ones, or set use_lstm=False")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -393,6 +393,10 @@ class TrainerConfig(RolloutConfig):
         super().__post_init__()
         if self.count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by={self.count_steps_by!r}; use 'env_steps' or 'agent_steps'")
+        if self.model.use_lstm and not self.use_simple_optimizer:
+            raise ValueError(f"model.use_lstm=True trains with one learner device, whose minibatches keep sequences "
+                             f"whole: num_gpus={self.num_gpus}, simple_optimizer={self.simple_optimizer} asks for the "
+                             f"multi-device learner; set num_gpus <= 1 and simple_optimizer=None")
 
     @property
     def sample_item_size(self) -> int:

@@ -24,8 +24,9 @@ import torch
 
 from flowrl.config import PolicyConfig
 from flowrl.models import ActionDistribution, NumpyActing, RecurrentActorCritic, dist_class_for, make_model
-from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, LOGP, OBS, STATE_IN, STATE_OUT, VF_PREDS,
-                                 SampleBatch, T)
+from flowrl.postprocessing import add_advantages
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, STATE_IN, STATE_OUT,
+                                 VF_PREDS, SampleBatch, T)
 from flowrl.sequences import pad, sequence_lengths, sequence_mask, sequence_starts
 
 #: the keys of :meth:`Policy.sequence_tensors` that hold the padded observations and their mask
@@ -413,15 +414,38 @@ class Policy:
             out[STATE_IN.format(k)] = torch.as_tensor(batch[STATE_IN.format(k)][starts], device=self.device)
         return out
 
-    def forward_rows(self, batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_rows(self, batch: TensorBatch, model: torch.nn.Module | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(dist_inputs [N, ...], values [N])`` for the batch's rows, in row order: the model on ``obs``, or for
-        a recurrent policy on the padded sequences of :meth:`sequence_tensors`, padding dropped."""
+        a recurrent policy on the padded sequences of :meth:`sequence_tensors`, padding dropped. ``model``: another
+        network of the same architecture (a target network); the policy's own by default."""
+        model = self.model if model is None else model
         if SEQ_MASK not in batch:
-            return self.model(batch[OBS])  # type: ignore[no-any-return]
+            return model(batch[OBS])  # type: ignore[no-any-return]
         mask = batch[SEQ_MASK]
         state = tuple(batch[STATE_IN.format(k)] for k in range(self.num_state_tensors))
-        dist_inputs, values, _ = self.model(batch[SEQ_OBS], state)
+        dist_inputs, values, _ = model(batch[SEQ_OBS], state)
         return dist_inputs[mask], values[mask]
+
+    def next_values(self, batch: TensorBatch, rows: torch.Tensor) -> torch.Tensor:
+        """``V(new_obs)`` ``[len(rows)]`` at the given rows of a learner batch: for a recurrent policy from the
+        state the worker reached each row's ``new_obs`` with (``state_out_<k>``, which
+        :meth:`sequence_tensors` keeps per row when asked for)."""
+        next_obs = batch[NEXT_OBS][rows]
+        if not self.is_recurrent:
+            return self.model(next_obs)[1]  # type: ignore[no-any-return]
+        state = tuple(batch[STATE_OUT.format(k)][rows] for k in range(self.num_state_tensors))
+        return self.model(next_obs[:, None], state)[1][:, 0]  # type: ignore[no-any-return]
+
+    def add_advantages(self, batch: SampleBatch, *, gamma: float, lambda_: float, use_gae: bool = True
+                       ) -> SampleBatch:
+        """:func:`flowrl.postprocessing.add_advantages` on one trajectory piece with this policy's value function:
+        :meth:`value`, or for a recurrent policy :meth:`value_with_state` from the stored ``state_out_<k>``."""
+        if not self.is_recurrent:
+            return add_advantages(batch, self.value, gamma=gamma, lambda_=lambda_, use_gae=use_gae)
+        outs = [STATE_OUT.format(k) for k in range(self.num_state_tensors)]
+        return add_advantages(batch, self.value_with_state, gamma=gamma, lambda_=lambda_, use_gae=use_gae,
+                              state_columns=outs)
 
     def sample_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]
                                   ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:

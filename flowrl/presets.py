@@ -70,6 +70,13 @@ PRESETS: tuple[Preset, ...] = (
            "PPO with an LSTM (64 cells, sequences of 20) on CartPole without velocities, after RLlib's stateless "
            "CartPole examples (lr, vf_loss_coeff 0.01, MeanStdFilter); a return of 150 within about 100k env "
            "steps, where the same PPO without memory stays near 50"),
+    Preset("impala", "flowrl/StatelessCartPole-v1",
+           ("num_workers=1", "num_envs_per_worker=8", "rollout_fragment_length=50", "train_batch_size=400",
+            "lr=5e-4", "vf_loss_coeff=0.01", "entropy_coeff=0.0", "observation_filter=MeanStdFilter",
+            "model.use_lstm=true", "model.lstm_cell_size=64", "model.hidden_sizes=64", "model.max_seq_len=20"),
+           "IMPALA with an LSTM on CartPole without velocities (V-trace over sequences from the stored states), "
+           "the PPO preset's model and a small value-loss weight; a return of 150 within about 150k-280k env "
+           "steps"),
     Preset("apex", "CartPole-v1",
            ("num_replay_buffer_shards=2", "learning_starts=1000", "buffer_size=50000", "train_batch_size=64",
             "rollout_fragment_length=20", "max_weight_sync_delay=100", "target_network_update_freq=8000"),

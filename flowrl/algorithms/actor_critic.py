@@ -20,7 +20,7 @@ Examples:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -28,7 +28,6 @@ import torch
 
 from flowrl.config import TrainerConfig
 from flowrl.policy import Policy, TensorBatch
-from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTIONS, ADVANTAGES, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS,
                                  VF_PREDS, SampleBatch)
 from flowrl.validation import bounded
@@ -48,6 +47,8 @@ class ActorCriticConfig(TrainerConfig):
         grad_clip: max global gradient norm (40), or ``None``.
         lr: Adam learning rate (1e-4).
     """
+
+    trains_recurrent_models: ClassVar[bool] = True  # model.use_lstm: sequences with their stored initial states
 
     use_gae: bool = True
     lambda_: float = bounded(1.0, ge=0, le=1, meaning="1.0: Monte Carlo advantages, 0.0: one-step TD errors")
@@ -95,10 +96,17 @@ class ActorCriticPolicy(Policy):
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         cfg = self.config
-        return add_advantages(batch, self.value, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)
+        return self.add_advantages(batch, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)
+
+    def to_tensors(self, batch: SampleBatch) -> TensorBatch:
+        """All numeric columns; a recurrent model gets the loss's columns with the padded sequences of
+        :meth:`~flowrl.policy.Policy.sequence_tensors`."""
+        if self.is_recurrent:
+            return self.sequence_tensors(batch, [ACTIONS, ADVANTAGES, VALUE_TARGETS])
+        return super().to_tensors(batch)
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        dist_inputs, values = self.model(batch[OBS])
+        dist_inputs, values = self.forward_rows(batch)
         dist = self.action_distribution(dist_inputs)
         policy_loss = -(dist.logp(batch[ACTIONS]) * batch[ADVANTAGES]).mean()
         vf_loss = 0.5 * (values - batch[VALUE_TARGETS]).pow(2).mean()

@@ -143,11 +143,11 @@ class APPOPolicy(IMPALAPolicy):
 
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        dist_inputs, values = self.model(batch[OBS])
+        dist_inputs, values = self.forward_rows(batch)
         dist = self.action_distribution(dist_inputs)
         logp = dist.logp(batch[ACTIONS])
         with torch.no_grad():
-            target_dist = self.action_distribution(self.target_model(batch[OBS])[0])
+            target_dist = self.action_distribution(self.forward_rows(batch, self.target_model)[0])
             target_logp = target_dist.logp(batch[ACTIONS])
         targets = self.vtrace_targets(batch, target_logp, values.detach())
         is_ratio = torch.exp(target_logp - batch[LOGP]).clamp(0.0, 2.0)  # pi_t / mu

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -45,8 +45,8 @@ from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrent
                         StandardMetricsReporting, make_aggregators)
 from flowrl.ops.shutdown import shut_down
 from flowrl.policy import Policy, TensorBatch
-from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, T,
-                                 SampleBatch)
+from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, STATE_OUT, TERMINATEDS,
+                                 TRUNCATEDS, T, SampleBatch)
 from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
 
@@ -103,6 +103,8 @@ class IMPALAConfig(TrainerConfig):
     broadcast_interval: int = bounded(1, ge=1, meaning="fragments between re-reads of the learner weights")
     num_aggregation_workers: int = bounded(0, ge=0, meaning="0: no tree aggregation")
     after_train_step: Callable[[WorkerSet, IMPALAConfig], Callable[[Any], Any]] | None = None
+    trains_recurrent_models: ClassVar[bool] = True  # model.use_lstm: V-trace over sequences with stored states
+
     vtrace_clip_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
     vtrace_clip_pg_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
     vf_loss_coeff: float = bounded(0.5, ge=0, meaning="0 leaves the value head untrained")
@@ -276,7 +278,7 @@ class IMPALAPolicy(Policy):
         """
         cfg = self.config
         time_index, piece_index, last_rows, L, P = sequence_layout(batch)
-        bootstrap = self.model(batch[NEXT_OBS][last_rows])[1].to(values.dtype)  # V(x') after each piece
+        bootstrap = self.next_values(batch, last_rows).to(values.dtype)  # V(x') after each piece
 
         def layout(x: torch.Tensor) -> torch.Tensor:  # [N] -> [L, P], zeros before each piece starts
             out = torch.zeros(L, P, dtype=values.dtype, device=values.device)
@@ -290,9 +292,19 @@ class IMPALAPolicy(Policy):
                      clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold)
         return VTraceReturns(*(x[time_index, piece_index] for x in (out.vs, out.pg_advantages, out.clipped_rhos)))
 
+    def to_tensors(self, batch: SampleBatch) -> TensorBatch:
+        """All numeric columns; a recurrent model gets the columns V-trace and the loss read, with the padded
+        sequences and initial states of :meth:`~flowrl.policy.Policy.sequence_tensors` and each row's
+        ``state_out_<k>`` (the bootstrap values start from them)."""
+        if not self.is_recurrent:
+            return super().to_tensors(batch)
+        outs = [STATE_OUT.format(k) for k in range(self.num_state_tensors)]
+        return self.sequence_tensors(batch, [ACTIONS, LOGP, REWARDS, NEXT_OBS, TERMINATEDS, TRUNCATEDS, EPS_ID,
+                                             ENV_ID, T, *outs])
+
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        dist_inputs, values = self.model(batch[OBS])
+        dist_inputs, values = self.forward_rows(batch)
         dist = self.action_distribution(dist_inputs)
         logp = dist.logp(batch[ACTIONS])
         targets = self.vtrace_targets(batch, logp.detach(), values.detach())

@@ -35,8 +35,7 @@ from flowrl.iter import LocalIterator
 from flowrl.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields, StandardMetricsReporting,
                         UpdateKL, WarnAboutBadRewardScales, train_one_step)
 from flowrl.policy import Policy, TensorBatch, column_tensor
-from flowrl.postprocessing import add_advantages
-from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS, STATE_OUT,
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, LOGP, NEXT_OBS, OBS,
                                  REWARDS, TERMINATEDS, TRUNCATEDS, VALUE_TARGETS, VF_PREDS, SampleBatch)
 from flowrl.validation import bounded
 from flowrl.workers import WorkerSet
@@ -90,10 +89,6 @@ class PPOConfig(TrainerConfig):
         if self.sgd_minibatch_size > self.train_batch_size:
             raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} exceeds train_batch_size="
                              f"{self.train_batch_size}; lower sgd_minibatch_size or raise train_batch_size")
-        if self.model.use_lstm and not self.use_simple_optimizer:
-            raise ValueError(f"model.use_lstm=True trains with one learner device (TrainOneStep), whose minibatches "
-                             f"keep sequences whole: num_gpus={self.num_gpus}, simple_optimizer={self.simple_optimizer}"
-                             f" asks for the multi-device learner; set num_gpus <= 1 and simple_optimizer=None")
 
 
 def plan(workers: WorkerSet, config: PPOConfig) -> LocalIterator[dict[str, Any]]:
@@ -179,11 +174,7 @@ class PPOPolicy(Policy):
     # -- postprocessing ---------------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         cfg = self.config
-        if self.is_recurrent:  # a bootstrap value reads the state the worker reached the row's new_obs with
-            outs = [STATE_OUT.format(k) for k in range(self.num_state_tensors)]
-            return add_advantages(batch, self.value_with_state, gamma=cfg.gamma, lambda_=cfg.lambda_,
-                                  use_gae=cfg.use_gae, state_columns=outs)
-        return add_advantages(batch, self.value, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)
+        return self.add_advantages(batch, gamma=cfg.gamma, lambda_=cfg.lambda_, use_gae=cfg.use_gae)
 
     # -- loss -------------------------------------------------------------------------------------
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:

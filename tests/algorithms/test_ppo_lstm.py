@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from flowrl.algorithms.a2c import A2CConfig
 from flowrl.algorithms.dqn import DQNConfig
-from flowrl.algorithms.impala import IMPALAConfig
+from flowrl.algorithms.pg import PGConfig
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy, plan
+from flowrl.algorithms.sac import SACConfig
 from flowrl.config import ModelConfig
 from flowrl.envs import STATELESS_CARTPOLE
 from flowrl.metrics import MetricsContext
@@ -34,10 +34,11 @@ def lstm_config(**overrides: Any) -> PPOConfig:
 
 
 # -- config ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("config_class", [DQNConfig, IMPALAConfig, A2CConfig])
+@pytest.mark.parametrize("config_class", [DQNConfig, PGConfig, SACConfig])
 def test_algorithms_that_train_feed_forward_models_refuse_use_lstm(config_class: type) -> None:
     with pytest.raises(ValueError, match=rf"model.use_lstm=True: {config_class.__name__}'s algorithm trains "
-                                         r"feed-forward models only; PPO \(PPOConfig\) trains recurrent ones"):
+                                         r"feed-forward models only; PPO, A2C, A3C, IMPALA and APPO train recurrent "
+                                         r"ones"):
         config_class(model=LSTM)
 
 
