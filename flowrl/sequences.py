@@ -14,6 +14,8 @@ sequence can start at any row with the right initial state.
 - :func:`sequence_starts` gives each sequence's first row (where its initial state is read).
 - :func:`shuffled_sequence_minibatches` permutes whole sequences and cuts them into minibatches of about a given
   number of rows, never splitting a sequence.
+- :func:`pad_batch` lays a batch's sequences out as blocks of exactly ``max_seq_len`` rows (``seq_valid`` marks
+  the real ones), so that a replay buffer cutting every ``max_seq_len`` rows stores one whole sequence per item.
 
 Examples:
     >>> eps_id, t = np.array([7, 7, 7, 7, 7, 9, 9]), np.array([0, 1, 2, 3, 4, 0, 1])
@@ -30,7 +32,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["sequence_lengths", "sequence_starts", "sequence_mask", "pad", "unpad", "shuffled_sequence_minibatches"]
+from flowrl.sample_batch import EPS_ID, STATE_OUT, T, SampleBatch
+
+__all__ = ["sequence_lengths", "sequence_starts", "sequence_mask", "pad", "unpad", "shuffled_sequence_minibatches",
+           "pad_batch", "SEQ_VALID"]
+
+SEQ_VALID = "seq_valid"
+"""The column of a :func:`pad_batch` batch that is True at a sequence's real rows and False at its padding."""
 
 
 def _check_max_seq_len(max_seq_len: int) -> None:
@@ -169,3 +177,41 @@ def shuffled_sequence_minibatches(seq_lens: npt.ArrayLike, minibatch_rows: int,
         out.append((rows.astype(np.int64), lens[chosen]))
         begin = end
     return out
+
+
+def pad_batch(batch: SampleBatch, max_seq_len: int) -> SampleBatch:
+    """The batch's sequences (:func:`sequence_lengths` of its ``eps_id`` and ``t``), each padded with zero rows to
+    exactly ``max_seq_len`` rows, one after the other; the column :data:`SEQ_VALID` is True at the real rows. Rows
+    keep their order. The ``state_out_<k>`` columns are dropped: a sequence's later states come from unrolling
+    the model over it from its first row's ``state_in_<k>``.
+
+    Returns:
+        a batch of ``S x max_seq_len`` rows (``S`` sequences); row ``s * max_seq_len + i`` is step ``i`` of
+        sequence ``s``.
+
+    Raises:
+        ValueError: ``max_seq_len`` < 1, or a batch without ``eps_id`` and ``t``.
+
+    Examples:
+        >>> batch = SampleBatch({EPS_ID: np.array([3, 3, 3, 8]), T: np.array([0, 1, 2, 0]),
+        ...                      "obs": np.array([1.0, 2.0, 3.0, 4.0])})
+        >>> out = pad_batch(batch, 2)
+        >>> out["obs"].tolist(), out[SEQ_VALID].tolist()
+        ([1.0, 2.0, 3.0, 0.0, 4.0, 0.0], [True, True, True, False, True, False])
+    """
+    _check_max_seq_len(max_seq_len)
+    if EPS_ID not in batch or T not in batch:
+        raise ValueError(f"pad_batch needs the {EPS_ID!r} and {T!r} columns to find sequences; the batch has "
+                         f"{sorted(batch.keys())}")
+    lens = sequence_lengths(batch[EPS_ID], batch[T], max_seq_len)
+    mask = sequence_mask(lens, max_seq_len).reshape(-1)
+    drop = {STATE_OUT.format(k) for k in range(len(batch.keys()))}
+    out = {}
+    for key, column in batch.items():
+        if key in drop:
+            continue
+        padded = np.zeros((len(mask), *column.shape[1:]), column.dtype)
+        padded[mask] = column
+        out[key] = padded
+    out[SEQ_VALID] = mask
+    return SampleBatch(out)

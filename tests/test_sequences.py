@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrl.sequences import (pad, sequence_lengths, sequence_mask, sequence_starts, shuffled_sequence_minibatches,
-                              unpad)
+from flowrl.ops import PadSequences
+from flowrl.sample_batch import EPS_ID, STATE_IN, STATE_OUT, T, SampleBatch
+from flowrl.sequences import (SEQ_VALID, pad, sequence_lengths, sequence_mask, sequence_starts,
+                              shuffled_sequence_minibatches, unpad)
 
 
 @st.composite
@@ -109,3 +111,24 @@ def test_minibatch_order_depends_on_the_generator_only() -> None:
     c = shuffled_sequence_minibatches(lens, 8, np.random.default_rng(2))
     assert all(np.array_equal(x[0], y[0]) for x, y in zip(a, b)) and len(a) == len(b)
     assert any(not np.array_equal(x[0], y[0]) for x, y in zip(a, c))
+
+
+@given(batches())
+def test_pad_batch_lays_each_sequence_out_as_one_block_of_max_seq_len_rows(batch: tuple[np.ndarray, np.ndarray,
+                                                                                          int]) -> None:
+    """What a sequence replay buffer relies on: cutting the padded rows every max_seq_len rows gives whole sequences
+    (one episode, consecutive steps, real rows first), the blocks in order give the rows back, and state_out goes."""
+    eps, t, max_len = batch
+    rows = SampleBatch({EPS_ID: eps, T: t, "x": np.arange(len(eps), dtype=np.float32) + 1,
+                        STATE_IN.format(0): np.ones((len(eps), 3), np.float32),
+                        STATE_OUT.format(0): np.ones((len(eps), 3), np.float32)})
+    out = PadSequences(max_len)(rows)
+    lens = sequence_lengths(eps, t, max_len)
+    assert out.count == len(lens) * max_len and STATE_OUT.format(0) not in out
+    valid = out[SEQ_VALID].reshape(-1, max_len)
+    assert valid.sum(axis=1).tolist() == lens.tolist()
+    assert all(block[:n].all() and not block[n:].any() for block, n in zip(valid, lens))
+    for block_eps, block_t, n in zip(out[EPS_ID].reshape(-1, max_len), out[T].reshape(-1, max_len), lens):
+        assert len(set(block_eps[:n].tolist())) == 1 and (np.diff(block_t[:n]) == 1).all()
+    assert out["x"][out[SEQ_VALID]].tolist() == rows["x"].tolist()
+    assert (out["x"][~out[SEQ_VALID]] == 0).all()

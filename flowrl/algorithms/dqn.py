@@ -132,14 +132,16 @@ def make_owned_state(config: OffPolicyConfig) -> dict[str, Any]:
     return {"replay_buffer": make_replay_buffer(config)}
 
 
-def make_replay_buffer(config: OffPolicyConfig) -> LocalReplayBuffer:
-    """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``)."""
+def make_replay_buffer(config: OffPolicyConfig, *, sequence_length: int | None = None) -> LocalReplayBuffer:
+    """The replay buffer that sub-flow (1) stores into and (2) replays from (seeded from ``config.seed``);
+    ``sequence_length`` stores items of that many rows instead of ``config.replay_sequence_length`` (R2D2)."""
     return LocalReplayBuffer(
         num_shards=1, learning_starts=config.learning_starts, capacity=config.buffer_size,
         replay_batch_size=config.train_batch_size,
         prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
         prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
-        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
+        replay_mode=config.replay_mode, seed=config.seed,
+        replay_sequence_length=config.replay_sequence_length if sequence_length is None else sequence_length)
 
 
 # the columns the Q-loss reads (those present are converted to tensors, nothing else)

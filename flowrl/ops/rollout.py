@@ -26,9 +26,11 @@ from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, GRAD_WAIT_TIMER, LEARNE
                             STEPS_SAMPLED_COUNTER, MetricsBinding)
 from flowrl.ops._common import check_batch, check_int
 from flowrl.sample_batch import DEFAULT_POLICY_ID, AnyBatch, MultiAgentBatch, SampleBatch
+from flowrl.sequences import pad_batch
 from flowrl.workers import WorkerSet
 
-__all__ = ["ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields"]
+__all__ = ["ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields",
+           "PadSequences"]
 
 logger = logging.getLogger(__name__)
 
@@ -294,3 +296,33 @@ class StandardizeFields:
 
     def __repr__(self) -> str:
         return f"StandardizeFields({self.fields})"
+
+
+class PadSequences:
+    """Consumes batches of rows; emits each policy's rows as whole sequences padded to exactly ``max_seq_len`` rows
+    (:func:`flowrl.sequences.pad_batch`: a ``seq_valid`` column marks the real rows, ``state_out_*`` is dropped).
+
+    Use with ``.for_each()`` before ``StoreToReplayBuffer`` into a buffer with ``replay_sequence_length =
+    max_seq_len``: each stored item is then one whole sequence with its initial state (R2D2). The env-step count
+    of a MultiAgentBatch is kept (padding is not sampling). Metrics: none.
+
+    Examples:
+        >>> from flowrl.sample_batch import EPS_ID, T
+        >>> out = PadSequences(4)(SampleBatch({EPS_ID: [1, 1, 2], T: [5, 6, 0]}))
+        >>> out.count, out["seq_valid"].astype(int).tolist()
+        (8, [1, 1, 0, 0, 1, 0, 0, 0])
+    """
+
+    def __init__(self, max_seq_len: int) -> None:
+        check_int("PadSequences max_seq_len", max_seq_len, 1, "rows per stored sequence, e.g. 20")
+        self.max_seq_len = int(max_seq_len)
+
+    def __call__(self, batch: AnyBatch) -> AnyBatch:
+        if isinstance(batch, SampleBatch):
+            return pad_batch(batch, self.max_seq_len)
+        assert isinstance(check_batch(batch, self), MultiAgentBatch)  # check_batch allows only the two kinds
+        return MultiAgentBatch({pid: pad_batch(b, self.max_seq_len) for pid, b in batch.policy_batches.items()},
+                               batch.count)
+
+    def __repr__(self) -> str:
+        return f"PadSequences({self.max_seq_len})"

@@ -122,8 +122,11 @@ def poisoned(name: str, **overrides: Any) -> tuple[WorkerSet, SampleBatch]:
     algorithm = get_algorithm(name)
     if name == "ppo":
         overrides = {"sgd_minibatch_size": 32, **overrides}
-    config = algorithm.config_class(num_workers=0, rollout_fragment_length=16, num_envs_per_worker=2,
-                                    train_batch_size=32, seed=0, vector_backend="loop", **overrides)
+    settings = {"num_workers": 0, "rollout_fragment_length": 16, "num_envs_per_worker": 2, "train_batch_size": 32,
+                "seed": 0, "vector_backend": "loop", **overrides}
+    if name == "r2d2":  # its sequences form within a fragment: one at least model.max_seq_len (20) long
+        settings["rollout_fragment_length"] = 20
+    config = algorithm.config_class(**settings)
     workers = WorkerSet(policy_class=algorithm.policy_class, config=config)
     batch = workers.local_worker().sample()
     assert isinstance(batch, SampleBatch)
