@@ -28,7 +28,7 @@ from flowrl.config import ModelConfig
 
 __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
            "DiagGaussian", "dist_class_for", "NumpyActing", "QModel", "NumpyQ", "ActorModel", "ContinuousQModel",
-           "NumpyMLP", "RecurrentActorCritic"]
+           "NumpyMLP", "RecurrentActorCritic", "NumpyRecurrent"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 _INPLACE = (nn.ReLU, nn.ELU)  # the activations that take ``inplace=True``
@@ -149,6 +149,7 @@ class RecurrentActorCritic(nn.Module):
         if isinstance(cell_size, bool) or not isinstance(cell_size, int) or cell_size < 1:
             raise ValueError(f"cell_size={cell_size!r} must be an int >= 1, e.g. 256")
         self.cell, self.cell_size = cell, cell_size
+        self.activation_name = config.activation
         self.prev_action_dim, self.prev_reward = prev_action_dim, prev_reward
         self.encoder, in_size = _encoder(obs_space, config)
         sizes = [in_size, *config.hidden_sizes]
@@ -432,28 +433,162 @@ class NumpyActing(_NumpyMirror):
         """``(actions, values, dist_inputs)``: :meth:`compute_actions` without the log-probabilities, which a
         rollout worker computes for a whole fragment at once with :meth:`logp`."""
         dist_inputs, values = self.forward(obs)
-        if self.dist_class is Categorical:
-            if explore:  # Gumbel-max: the argmax of logits + Gumbel noise is a categorical draw
-                actions = np.argmax(dist_inputs + rng.gumbel(size=dist_inputs.shape), axis=1)
-            else:
-                actions = np.argmax(dist_inputs, axis=1)
-            return actions.astype(np.int64, copy=False), values, dist_inputs
-        mean, log_std = np.split(dist_inputs, 2, axis=1)
-        actions = mean + np.exp(log_std) * rng.standard_normal(mean.shape, dtype=np.float32) if explore else mean.copy()
-        return actions, values, dist_inputs
+        return _np_sample(self.dist_class, dist_inputs, rng, explore), values, dist_inputs
 
     def logp(self, dist_inputs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """float32 ``log pi(actions)`` for dist inputs ``[..., D]`` and actions ``[...]`` (Categorical) or
         ``[..., A]`` (DiagGaussian), row by row, so any leading shape gives the same values."""
-        if self.dist_class is Categorical:  # log-softmax of the chosen logit
-            flat, chosen_actions = dist_inputs.reshape(-1, dist_inputs.shape[-1]), actions.reshape(-1)
-            chosen = flat[np.arange(len(chosen_actions)), chosen_actions].reshape(actions.shape)
-            logp: np.ndarray = chosen - np.logaddexp.reduce(dist_inputs, axis=-1)
+        return _np_logp(self.dist_class, dist_inputs, actions)
+
+
+def _np_sample(dist_class: type[ActionDistribution], dist_inputs: np.ndarray, rng: np.random.Generator,
+               explore: bool) -> np.ndarray:
+    """Actions ``[B]`` (Categorical) or ``[B, A]`` (DiagGaussian) for dist inputs ``[B, D]``, drawn as the torch
+    classes draw them (``explore=False``: the mode)."""
+    if dist_class is Categorical:
+        if explore:  # Gumbel-max: the argmax of logits + Gumbel noise is a categorical draw
+            actions = np.argmax(dist_inputs + rng.gumbel(size=dist_inputs.shape), axis=1)
         else:
-            mean, log_std = np.split(dist_inputs, 2, axis=-1)
-            z = (actions - mean) / np.exp(log_std)
-            logp = (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(axis=-1)
-        return logp.astype(np.float32, copy=False)
+            actions = np.argmax(dist_inputs, axis=1)
+        chosen: np.ndarray = actions.astype(np.int64, copy=False)
+        return chosen
+    mean, log_std = np.split(dist_inputs, 2, axis=1)
+    drawn: np.ndarray = mean + np.exp(log_std) * rng.standard_normal(mean.shape, dtype=np.float32) if explore \
+        else mean.copy()
+    return drawn
+
+
+def _np_logp(dist_class: type[ActionDistribution], dist_inputs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """float32 ``log pi(actions)``, row by row (see :meth:`NumpyActing.logp`)."""
+    if dist_class is Categorical:  # log-softmax of the chosen logit
+        flat, chosen_actions = dist_inputs.reshape(-1, dist_inputs.shape[-1]), actions.reshape(-1)
+        chosen = flat[np.arange(len(chosen_actions)), chosen_actions].reshape(actions.shape)
+        logp: np.ndarray = chosen - np.logaddexp.reduce(dist_inputs, axis=-1)
+    else:
+        mean, log_std = np.split(dist_inputs, 2, axis=-1)
+        z = (actions - mean) / np.exp(log_std)
+        logp = (-0.5 * z * z - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(axis=-1)
+    return logp.astype(np.float32, copy=False)
+
+
+class NumpyRecurrent(_NumpyMirror):
+    """One step of a :class:`RecurrentActorCritic` (MLP encoder, LSTM or GRU, no previous action or reward inputs)
+    in numpy, for a rollout worker's few envs per step: the recurrent counterpart of :class:`NumpyActing`, kept in
+    step with the model the same way (version counters, :meth:`invalidate` after a fused optimizer step).
+    :meth:`build` returns ``None`` for a model it cannot mirror exactly.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> config = ModelConfig(hidden_sizes=(8,), use_lstm=True, lstm_cell_size=4)
+        >>> model = make_model(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), config)
+        >>> fast = NumpyRecurrent.build(model, Categorical)
+        >>> obs, state = np.ones((5, 3), np.float32), tuple(np.full((5, 4), 0.5, np.float32) for _ in range(2))
+        >>> logits, values, new_state = fast.step(obs, state)
+        >>> torch_logits, torch_values, torch_state = model(torch.as_tensor(obs)[:, None],
+        ...                                                 tuple(torch.as_tensor(s) for s in state))
+        >>> bool(np.allclose(logits, torch_logits[:, 0].detach().numpy(), atol=1e-6))
+        True
+        >>> bool(np.allclose(new_state[1], torch_state[1].detach().numpy(), atol=1e-6))
+        True
+    """
+
+    def __init__(self, model: RecurrentActorCritic, dist_class: type[ActionDistribution], activation: str) -> None:
+        super().__init__(model)
+        self.model, self.dist_class = model, dist_class
+        self.activation = _NP_ACTIVATIONS[activation]
+        self._trunk: list[tuple[np.ndarray, np.ndarray]] = []
+        self._cell: tuple[np.ndarray, ...] = ()
+        self._head: tuple[np.ndarray, np.ndarray] = (np.zeros(0), np.zeros(0))
+
+    @staticmethod
+    def build(model: nn.Module, dist_class: type[ActionDistribution]) -> NumpyRecurrent | None:
+        """A numpy mirror of ``model``, or ``None`` unless it is a plain-MLP :class:`RecurrentActorCritic` on the
+        CPU without previous-action or -reward inputs, acting with a Categorical or DiagGaussian."""
+        if type(model) is not RecurrentActorCritic or not isinstance(model.encoder, nn.Flatten):
+            return None
+        if model.prev_action_dim or model.prev_reward or dist_class not in (Categorical, DiagGaussian):
+            return None
+        if any(p.device.type != "cpu" for p in model.parameters()):
+            return None
+        return NumpyRecurrent(model, dist_class, model.activation_name)
+
+    def _read(self) -> None:
+        model = self.model
+        self._trunk = _linears(model.trunk)
+        rnn = {name: p.detach().numpy() for name, p in model.rnn.named_parameters()}
+        w_ih, w_hh, b_ih, b_hh = (rnn[f"{kind}_l0"] for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+        # sigmoid(x) = (tanh(x / 2) + 1) / 2: the sigmoid gates' columns are halved here, so one tanh over all
+        # the gates serves them and the tanh ones alike
+        size = model.cell_size
+        if model.cell == "lstm":  # one matmul of [x | h] gives the four gates (torch's order: i, f, g, o)
+            weight, bias = np.concatenate([w_ih.T, w_hh.T]), b_ih + b_hh
+            halve = np.r_[0:2 * size, 3 * size:4 * size]
+            weight[:, halve] *= 0.5
+            bias[halve] *= 0.5
+            self._cell = (weight, bias)
+        else:  # a GRU's new-gate keeps the hidden part apart: n = tanh(W_in x + b_in + r * (W_hn h + b_hn))
+            w_ih_t, w_hh_t, b_ih, b_hh = w_ih.T.copy(), w_hh.T.copy(), b_ih.copy(), b_hh.copy()
+            for array in (w_ih_t, w_hh_t):
+                array[:, :2 * size] *= 0.5  # r and z
+            for vector in (b_ih, b_hh):
+                vector[:2 * size] *= 0.5
+            self._cell = (w_ih_t, b_ih, w_hh_t, b_hh)
+        heads = _linears(model.pi_head) + _linears(model.vf_head)
+        self._head = (np.concatenate([heads[0][0], heads[1][0]], 1), np.concatenate([heads[0][1], heads[1][1]]))
+
+    def step(self, obs: np.ndarray, state: tuple[np.ndarray, ...]
+             ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        """``(dist_inputs [B, A], values [B], new_state)`` of one step from ``state`` (float32 ``[B, cell]``
+        arrays), equal to the model's forward over a length-1 sequence."""
+        self._refresh()
+        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
+        if self._trunk:
+            x = _np_dense(x, self._trunk, self.activation)
+        size = self.model.cell_size
+        if self.model.cell == "lstm":
+            h, c = state
+            weight, bias = self._cell
+            gates = np.concatenate([x, h], axis=1) @ weight
+            gates += bias
+            np.tanh(gates, out=gates)
+            t_i, t_f, t_g, t_o = (gates[:, k * size:(k + 1) * size] for k in range(4))
+            c_new = 0.5 * ((t_f + 1.0) * c + (t_i + 1.0) * t_g)
+            h_new = 0.5 * (t_o + 1.0) * np.tanh(c_new)
+            new_state: tuple[np.ndarray, ...] = (h_new, c_new)
+        else:
+            (h,) = state
+            w_ih, b_ih, w_hh, b_hh = self._cell
+            gi = x @ w_ih
+            gi += b_ih
+            gh = h @ w_hh
+            gh += b_hh
+            rz = np.tanh(gi[:, :2 * size] + gh[:, :2 * size])
+            r, z = 0.5 * (rz[:, :size] + 1.0), 0.5 * (rz[:, size:] + 1.0)
+            n = np.tanh(gi[:, 2 * size:] + r * gh[:, 2 * size:])
+            h_new = n + z * (h - n)
+            new_state = (h_new,)
+        out = h_new @ self._head[0]
+        out += self._head[1]
+        dist_inputs = out[:, :-1]
+        if self.model.free_params is not None:
+            free = self.model.free_params.detach().numpy()
+            dist_inputs = np.concatenate([dist_inputs, np.broadcast_to(free, (len(x), len(free)))], axis=1)
+        return dist_inputs, out[:, -1], new_state
+
+    def compute_actions(self, obs: np.ndarray, state: tuple[np.ndarray, ...], rng: np.random.Generator,
+                        explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        """``(actions, logp, values, dist_inputs, new_state)``, sampled as :class:`NumpyActing` samples."""
+        dist_inputs, values, new_state = self.step(obs, state)
+        actions = self.sample(dist_inputs, rng, explore)
+        return actions, self.logp(dist_inputs, actions), values, dist_inputs, new_state
+
+    def sample(self, dist_inputs: np.ndarray, rng: np.random.Generator, explore: bool) -> np.ndarray:
+        """Actions drawn from dist inputs ``[B, D]`` (``explore=False``: the mode)."""
+        return _np_sample(self.dist_class, dist_inputs, rng, explore)
+
+    def logp(self, dist_inputs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """float32 ``log pi(actions)``, row by row (as :meth:`NumpyActing.logp`)."""
+        return _np_logp(self.dist_class, dist_inputs, actions)
 
 
 class QModel(nn.Module):

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from flowrl.config import PolicyConfig
-from flowrl.models import ActionDistribution, NumpyActing, RecurrentActorCritic, dist_class_for, make_model
+from flowrl.models import (ActionDistribution, NumpyActing, NumpyRecurrent, RecurrentActorCritic, dist_class_for,
+                           make_model)
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, STATE_IN, STATE_OUT,
                                  VF_PREDS, SampleBatch, T)
@@ -280,6 +281,7 @@ class Policy:
         self.np_random = np.random.default_rng(config.seed)  # minibatch order and other numpy draws
         self.act_random = np.random.default_rng(None if config.seed is None else [config.seed, 1])  # numpy acting
         self.numpy_acting = NumpyActing.build(self.model, self.dist_class) if config.numpy_acting else None
+        self.numpy_recurrent = NumpyRecurrent.build(self.model, self.dist_class) if config.numpy_acting else None
         self.global_timestep = 0
         self.weights_version = 0
         self.num_nonfinite_updates_skipped = 0
@@ -313,10 +315,19 @@ class Policy:
         return actions, {VF_PREDS: values, ACTION_DIST_INPUTS: dist_inputs}
 
     def complete_fragment(self, columns: dict[str, np.ndarray]) -> None:
-        """Adds, in place, what :meth:`sample_actions` left out to env-major fragment columns ``[N, T, ...]``."""
-        fast = self._deferring_numpy_acting()
-        if fast is not None:
+        """Adds, in place, what :meth:`sample_actions` or :meth:`sample_actions_with_state` left out to env-major
+        fragment columns ``[N, T, ...]``."""
+        fast = self._deferring_numpy_acting() or self._deferring_numpy_recurrent()
+        if fast is not None and LOGP not in columns:
             columns[LOGP] = fast.logp(columns[ACTION_DIST_INPUTS], columns[ACTIONS])
+
+    def _deferring_numpy_recurrent(self) -> NumpyRecurrent | None:
+        """The recurrent numpy mirror when :meth:`sample_actions_with_state` uses it."""
+        fast = self.numpy_recurrent
+        if fast is None or fast.model is not self.model or \
+                type(self).compute_actions_with_state is not Policy.compute_actions_with_state:
+            return None
+        return fast
 
     def _deferring_numpy_acting(self) -> NumpyActing | None:
         """The numpy mirror when :meth:`sample_actions` uses it (not swapped out, compute_actions not overridden)."""
@@ -378,6 +389,13 @@ class Policy:
         if not isinstance(model, RecurrentActorCritic):
             raise TypeError(f"{type(self).__name__}'s model ({type(model).__name__}) carries no state; use "
                             f"compute_actions(obs)")
+        fast = self.numpy_recurrent
+        if fast is not None and fast.model is model:  # a few envs per step: numpy beats torch's per-op dispatch
+            actions_np, logp, values_np, dist_np, new_state = fast.compute_actions(obs, state, self.act_random, explore)
+            extras = {LOGP: logp, VF_PREDS: values_np, ACTION_DIST_INPUTS: dist_np}
+            for k, (before, after) in enumerate(zip(state, new_state)):
+                extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = np.asarray(before, np.float32), after
+            return actions_np, extras, new_state
         state_t = tuple(torch.as_tensor(s, device=self.device) for s in state)
         dist_inputs, values, new_state_t = model(self._obs_tensor(obs)[:, None], state_t)
         dist = self.dist_class(dist_inputs[:, 0])
@@ -449,8 +467,17 @@ class Policy:
 
     def sample_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]
                                   ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:
-        """:meth:`compute_actions_with_state` (exploring) for a rollout worker's step loop."""
-        return self.compute_actions_with_state(obs, state, True)
+        """:meth:`compute_actions_with_state` (exploring) for a rollout worker's step loop; on the numpy path the
+        extras leave ``logp`` to :meth:`complete_fragment`, as :meth:`sample_actions` does."""
+        fast = self._deferring_numpy_recurrent()
+        if fast is None:
+            return self.compute_actions_with_state(obs, state, True)
+        dist_inputs, values, new_state = fast.step(obs, state)
+        actions = fast.sample(dist_inputs, self.act_random, True)
+        extras = {VF_PREDS: values, ACTION_DIST_INPUTS: dist_inputs}
+        for k, (before, after) in enumerate(zip(state, new_state)):
+            extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = before, after
+        return actions, extras, new_state
 
     @torch.no_grad()
     def value(self, obs: np.ndarray) -> np.ndarray:
@@ -541,8 +568,9 @@ class Policy:
             return
         self.optimizer.step()
         self.weights_version += 1
-        if self.numpy_acting is not None:
-            self.numpy_acting.invalidate()
+        for fast in (self.numpy_acting, self.numpy_recurrent):
+            if fast is not None:
+                fast.invalidate()
 
     def _gradients_finite(self) -> bool:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]

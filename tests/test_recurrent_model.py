@@ -88,3 +88,44 @@ def test_bad_inputs_are_named() -> None:
     net = model("gru", prev_action_dim=2)
     with pytest.raises(ValueError, match=r"pass prev_actions \[B, T, 2\]"):
         net(torch.zeros(1, 1, 3), net.initial_state(1))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
+@pytest.mark.parametrize("hidden", [(), (16,), (16, 8)])
+def test_the_numpy_mirror_steps_as_the_model_does_and_follows_its_updates(cell: str, activation: str,
+                                                                         hidden: tuple[int, ...]) -> None:
+    """A rollout worker acts through NumpyRecurrent: 12 steps from a random state give the torch model's outputs
+    and states to 1e-5, before and after an optimizer step (which the mirror must see)."""
+    from flowrl.models import Categorical, NumpyRecurrent, make_model
+
+    torch.manual_seed(0)
+    config = ModelConfig(hidden_sizes=hidden, activation=activation, use_lstm=True, lstm_cell=cell, lstm_cell_size=6)
+    model = make_model(gym.spaces.Box(-2, 2, (3,)), gym.spaces.Discrete(3), config)
+    fast = NumpyRecurrent.build(model, Categorical)
+    assert fast is not None
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(4, 12, 3)).astype(np.float32)
+    for update in range(2):
+        state = tuple(rng.normal(size=(4, 6)).astype(np.float32) for _ in range(2 if cell == "lstm" else 1))
+        with torch.no_grad():
+            logits, values, last = model(torch.as_tensor(obs), tuple(torch.as_tensor(s) for s in state))
+        for t in range(12):
+            dist_inputs, value, state = fast.step(obs[:, t], state)
+            np.testing.assert_allclose(dist_inputs, logits[:, t].numpy(), atol=1e-5)
+            np.testing.assert_allclose(value, values[:, t].numpy(), atol=1e-5)
+        for ours, theirs in zip(state, last):
+            np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
+        if update == 0:  # an Adam step (foreach: version counters move), then the mirror must follow
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+            model(torch.as_tensor(obs), model.initial_state(4))[0].sum().backward()
+            optimizer.step()
+
+
+def test_no_numpy_mirror_for_what_it_cannot_step_exactly() -> None:
+    from flowrl.models import Categorical, NumpyRecurrent
+
+    obs_space = gym.spaces.Box(-1, 1, (3,))
+    with_inputs = RecurrentActorCritic(obs_space, 2, ModelConfig(hidden_sizes=(4,)), cell_size=4, prev_reward=True)
+    assert NumpyRecurrent.build(with_inputs, Categorical) is None
+    assert NumpyRecurrent.build(torch.nn.Linear(3, 2), Categorical) is None

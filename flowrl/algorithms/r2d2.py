@@ -221,7 +221,7 @@ class R2D2Policy(Policy):
         self.num_actions = int(action_space.n)
         self.target_model = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = make_adam(self.model.parameters(), lr=self.config.lr, eps=self.config.adam_epsilon)
-        self.numpy_acting = None  # it acts epsilon-greedily on Q-values, with a state
+        self.numpy_acting = None  # it acts epsilon-greedily on Q-values, with a state (through numpy_recurrent)
         self.exploration_epsilon: float | None = None
         self._td_error: np.ndarray = np.zeros(0, np.float32)
 
@@ -249,14 +249,21 @@ class R2D2Policy(Policy):
     def compute_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], explore: bool = True
                                    ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:
         """Epsilon-greedy actions ``[B]`` from ``state``; the extras are the states before and after each step."""
-        state_t = tuple(torch.as_tensor(s, device=self.device) for s in state)
-        q, new_state_t = self.q_values(self._obs_tensor(obs)[:, None], state_t)
-        actions = q[:, 0].argmax(dim=-1).cpu().numpy().astype(np.int64)
+        fast = self.numpy_recurrent
+        if fast is not None and fast.model is self.model:  # a few envs per step: numpy beats torch's dispatch
+            advantages, values, new_state = fast.step(obs, state)
+            q_np = values[:, None] + advantages - advantages.mean(axis=1, keepdims=True) if self.config.dueling \
+                else advantages
+            actions = q_np.argmax(axis=1).astype(np.int64)
+        else:
+            state_t = tuple(torch.as_tensor(s, device=self.device) for s in state)
+            q, new_state_t = self.q_values(self._obs_tensor(obs)[:, None], state_t)
+            actions = q[:, 0].argmax(dim=-1).cpu().numpy().astype(np.int64)
+            new_state = tuple(s.cpu().numpy() for s in new_state_t)
         if explore:
             rng = self.act_random
             explore_B = rng.random(len(actions)) < self.epsilon
             actions = np.where(explore_B, rng.integers(self.num_actions, size=len(actions)), actions)
-        new_state = tuple(s.cpu().numpy() for s in new_state_t)
         extras: dict[str, np.ndarray] = {}
         for k, (before, after) in enumerate(zip(state, new_state)):
             extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = np.asarray(before, np.float32), after

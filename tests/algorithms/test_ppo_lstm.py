@@ -88,12 +88,11 @@ def test_sgd_minibatches_hold_whole_sequences_only() -> None:
     op.bind(MetricsContext())
     op(batch)
     assert len(seen) >= 2 * 4
-    for mb in seen:
-        mb_lens = sequence_lengths(mb[EPS_ID], mb[T], LSTM.max_seq_len)
-        for s, n in zip(sequence_starts(mb_lens), mb_lens):
-            # recomputed in the minibatch, every sequence is a whole sequence of the batch (or whole ones joined
-            # in time order and cut again at max_seq_len, which gives the same pieces)
-            assert (int(mb[EPS_ID][s]), int(mb[T][s]), int(n)) in whole
+    for mb in seen:  # a minibatch holds every row of each batch sequence it touches, or none of them
+        keys_in = set((mb[EPS_ID] * 10**6 + mb[T]).tolist())
+        for eps, start, n in whole:
+            rows = {eps * 10**6 + start + i for i in range(n)}
+            assert rows <= keys_in or not rows & keys_in, (eps, start, n)
     keys = np.concatenate([mb[EPS_ID] * 10**6 + mb[T] for mb in seen])
     assert sorted(keys.tolist()) == sorted(2 * (batch[EPS_ID] * 10**6 + batch[T]).tolist())  # 2 epochs: each row twice
     workers.stop()
