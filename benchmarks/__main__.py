@@ -28,6 +28,12 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
 - ``sac``: SAC on Pendulum-v1 at matched settings (batch 256, [256, 256] MLPs, one gradient step per env step,
   learning starts 1,000): flowrl (``sac_pendulum.py``) beside Stable-Baselines3 and RLlib SAC; env steps/s and
   training seconds to a smoothed (20-episode) return of -200. Gives ``sac_vs_sb3`` and ``sac_vs_rllib``.
+- ``recurrent_sampling``: one RolloutWorker with PPO's LSTM policy against one with its feed-forward policy on
+  CartPole without velocities (``benchmarks/recurrent_sampling.py``, alternating); its ratio is the summary's
+  ``recurrent_sampling_efficiency``, with the bytes per row the state columns take.
+- ``ppo_lstm``: PPO with an LSTM on CartPole without velocities at the stateless-CartPole preset's settings: flowrl
+  (``ppo_lstm.py``) beside Stable-Baselines3-contrib's RecurrentPPO and RLlib's PPO with ``use_lstm`` (their
+  docstrings map each setting). Gives ``ppo_lstm_vs_rllib`` and ``ppo_lstm_vs_sb3`` (medians of env steps/s).
 - ``sac_lunar`` (not in ``all``): flowrl SAC on LunarLanderContinuous-v3, env steps and seconds to a smoothed
   return of 200 (``sac_pendulum.py --env LunarLanderContinuous-v3``); skipped, saying how to install it, without
   gymnasium's box2d extra.
@@ -47,7 +53,8 @@ Each benchmark prints a markdown table; everything goes to ``benchmarks/results/
 JSON and log under ``benchmarks/results/suite[_quick]/``). The last line is::
 
     overhead_ratio=... ppo_vs_sb3=... ppo_vs_rllib=... ppo_time_to_450_vs_minimal=... ppo_vs_rllib_2x4=...
-    sac_vs_sb3=... sac_vs_rllib=... dqn_vs_sb3_matched=...
+    sac_vs_sb3=... sac_vs_rllib=... dqn_vs_sb3_matched=... ppo_lstm_vs_rllib=... ppo_lstm_vs_sb3=...
+    recurrent_sampling_efficiency=...
 
 with ``nan`` for what was not measured.
 """
@@ -72,7 +79,8 @@ REPO = HERE.parent
 RESULTS = HERE / "results"
 PEERS_PYTHON = HERE / "peers" / ".venv" / "bin" / "python"
 SUMMARY_KEYS = ("overhead_ratio", "ppo_vs_sb3", "ppo_vs_rllib", "ppo_time_to_450_vs_minimal", "ppo_vs_rllib_2x4",
-                "sac_vs_sb3", "sac_vs_rllib", "dqn_vs_sb3_matched")
+                "sac_vs_sb3", "sac_vs_rllib", "dqn_vs_sb3_matched", "ppo_lstm_vs_rllib", "ppo_lstm_vs_sb3",
+                "recurrent_sampling_efficiency")
 THRESHOLDS = (150, 450)  # CartPole's; a System may have its own
 
 
@@ -98,6 +106,7 @@ class System:
 
 _TO_450 = ("--stop-return", "450")
 _TO_M200 = ("--stop-return", "-200")
+_TO_150 = ("--stop-return", "150")
 SYSTEMS = {s.name: s for s in (
     System("ppo_cartpole", "flowrl PPO (2 workers x 4 envs)", "ppo_cartpole.py", False,
            ("--max-steps", "300000", *_TO_450), ("--max-steps", "150000", *_TO_450)),
@@ -124,6 +133,12 @@ SYSTEMS = {s.name: s for s in (
            ("--max-steps", "30000", *_TO_M200), ("--max-steps", "3000"), (-200,)),
     System("rllib_sac", "RLlib SAC (local env runner, 1 env)", "peers/rllib_sac.py", True,
            ("--max-steps", "30000", *_TO_M200), ("--max-steps", "3000"), (-200,)),
+    System("ppo_lstm_cartpole", "flowrl PPO+LSTM (driver, 8 envs)", "ppo_lstm.py", False,
+           ("--max-steps", "300000", *_TO_150), ("--max-steps", "20000"), (150,)),
+    System("sb3_recurrent_ppo", "SB3-contrib RecurrentPPO (8 envs)", "peers/sb3_recurrent_ppo.py", True,
+           ("--max-steps", "300000", *_TO_150), ("--max-steps", "20000"), (150,)),
+    System("rllib_ppo_lstm", "RLlib PPO use_lstm (local env runner, 8 envs)", "peers/rllib_ppo_lstm.py", True,
+           ("--max-steps", "300000", *_TO_150), ("--max-steps", "20000"), (150,)),
     System("sac_lunar", "flowrl SAC, LunarLanderContinuous-v3", "sac_pendulum.py", False,
            ("--env", "LunarLanderContinuous-v3", "--max-steps", "300000", "--stop-return", "200"),
            ("--env", "LunarLanderContinuous-v3", "--max-steps", "5000"), (200,)),
@@ -133,11 +148,12 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo": ("ppo_cartpole", "minimal_ppo", "sb3_ppo", "rllib_ppo_2x1", "rllib_ppo_2x4"),
     "dqn": ("dqn_cartpole", "sb3_dqn", "rllib_dqn", "dqn_cartpole_matched"),
     "sac": ("sac_pendulum", "sb3_sac", "rllib_sac"),
+    "ppo_lstm": ("ppo_lstm_cartpole", "sb3_recurrent_ppo", "rllib_ppo_lstm"),
     **{name: (name,) for name in SYSTEMS}}
-SCRIPTS = ("rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc", "segment_tree",
-           "iter_overhead")
+SCRIPTS = ("rollout_overhead", "sampling", "recurrent_sampling", "throughput", "time_to_solve", "scaling", "loc",
+           "segment_tree", "iter_overhead")
 # the microbenchmarks segment_tree and iter_overhead, and the long sac_lunar, run by name only
-ALL = (*SCRIPTS[:-2], "ppo", "dqn", "sac")
+ALL = (*SCRIPTS[:-2], "ppo", "dqn", "sac", "ppo_lstm")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
 
 
@@ -147,7 +163,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
     Examples:
         >>> parse_args(["all", "--quick"]).benchmarks
-        ['rollout_overhead', 'sampling', 'throughput', 'time_to_solve', 'scaling', 'loc', 'ppo', 'dqn', 'sac']
+        ['rollout_overhead', 'sampling', 'recurrent_sampling', 'throughput', 'time_to_solve', 'scaling', 'loc', 'ppo',
+         'dqn', 'sac', 'ppo_lstm']
         >>> parse_args(["minimal_ppo", "ppo", "minimal_ppo"]).benchmarks
         ['minimal_ppo', 'ppo']
     """
@@ -174,7 +191,8 @@ def format_summary(values: Mapping[str, float | None]) -> str:
     Examples:
         >>> format_summary({"overhead_ratio": 0.9876, "ppo_vs_sb3": None, "ppo_time_to_450_vs_minimal": math.inf})
         'overhead_ratio=0.988 ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan ppo_vs_rllib_2x4=nan
-         sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan'
+         sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan ppo_lstm_vs_rllib=nan ppo_lstm_vs_sb3=nan
+         recurrent_sampling_efficiency=nan'
     """
     def fmt(value: float | None) -> str:
         return "nan" if value is None or not math.isfinite(value) else f"{value:.3f}"
@@ -235,10 +253,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]], overhead_ratio: float | None,
-                   rate: Callable[[Sequence[Mapping[str, Any]]], float | None] = median_steps_per_s
-                   ) -> dict[str, float | None]:
-    """The summary's ratios from the trainer runs by system name (normalized records) and rollout_overhead's ratio;
-    ``rate`` gives a system's figure (env steps per wall second; :func:`median_steps_per_cpu_s`: per CPU second).
+                   rate: Callable[[Sequence[Mapping[str, Any]]], float | None] = median_steps_per_s,
+                   recurrent_sampling: float | None = None) -> dict[str, float | None]:
+    """The summary's ratios from the trainer runs by system name (normalized records), rollout_overhead's ratio and
+    recurrent_sampling's efficiency; ``rate`` gives a system's figure (env steps per wall second;
+    :func:`median_steps_per_cpu_s`: per CPU second).
 
     Examples:
         >>> runs = {"ppo_cartpole": [{"env_steps_per_s": 3000.0, "seconds_to_450": 30.0}] * 3,
@@ -246,7 +265,8 @@ def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]], overhead_rat
         ...         "sb3_ppo": [{"env_steps_per_s": 2000.0, "seconds_to_450": None}] * 3}
         >>> format_summary(summary_values(runs, overhead_ratio=0.97))
         'overhead_ratio=0.970 ppo_vs_sb3=1.500 ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=0.750 ppo_vs_rllib_2x4=nan
-         sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan'
+         sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan ppo_lstm_vs_rllib=nan ppo_lstm_vs_sb3=nan
+         recurrent_sampling_efficiency=nan'
     """
     flowrl = runs.get("ppo_cartpole", [])
 
@@ -258,7 +278,10 @@ def summary_values(runs: Mapping[str, Sequence[Mapping[str, Any]]], overhead_rat
                                                  median_seconds_to(runs.get("minimal_ppo", []), 450)),
             "ppo_vs_rllib_2x4": vs("rllib_ppo_2x4"), "sac_vs_sb3": vs("sb3_sac", "sac_pendulum"),
             "sac_vs_rllib": vs("rllib_sac", "sac_pendulum"),
-            "dqn_vs_sb3_matched": vs("sb3_dqn", "dqn_cartpole_matched")}
+            "dqn_vs_sb3_matched": vs("sb3_dqn", "dqn_cartpole_matched"),
+            "ppo_lstm_vs_rllib": vs("rllib_ppo_lstm", "ppo_lstm_cartpole"),
+            "ppo_lstm_vs_sb3": vs("sb3_recurrent_ppo", "ppo_lstm_cartpole"),
+            "recurrent_sampling_efficiency": recurrent_sampling}
 
 
 def normalize(raw: Mapping[str, Any], thresholds: Sequence[int] = THRESHOLDS) -> dict[str, Any]:
@@ -430,7 +453,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             suite.trainers(name)
     overhead = suite.reports.get("rollout_overhead", {}).get("overhead_ratio")
-    values = summary_values(suite.trainer_runs, overhead)
+    recurrent = suite.reports.get("recurrent_sampling", {}).get("recurrent_sampling_efficiency")
+    values = summary_values(suite.trainer_runs, overhead, recurrent_sampling=recurrent)
     per_cpu = summary_values(suite.trainer_runs, None, rate=median_steps_per_cpu_s)
     line = format_summary(values)
     out = args.out or RESULTS / f"suite{'_quick' if args.quick else ''}.json"

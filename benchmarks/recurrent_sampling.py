@@ -8,7 +8,7 @@ steps/s and the bytes per row the state columns add.
 
 The last line is ``recurrent_sampling_efficiency=<recurrent / feed-forward>`` (target >= 0.7).
 
-Run: ``python benchmarks/recurrent_sampling.py [--quick] [--envs 8] [--fragment 250] [--cell GRU|LSTM]``.
+Run: ``python benchmarks/recurrent_sampling.py [--quick] [--envs 8 32] [--fragment 250] [--cell GRU|LSTM]``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def measure(num_envs: int, fragment: int, repeats: int, samples: int, cell: str)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--envs", type=int, nargs="+", default=[8])
+    parser.add_argument("--envs", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--fragment", type=int, default=250)
     parser.add_argument("--cell", choices=["lstm", "gru"], default="lstm")
     parser.add_argument("--repeats", type=int, default=5)

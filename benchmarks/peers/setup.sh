@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates benchmarks/peers/.venv: RLlib (the main environment's Ray version) and Stable-Baselines3 for the
+# Creates benchmarks/peers/.venv: RLlib (the main environment's Ray version), Stable-Baselines3 and SB3-contrib for the
 # peer benchmarks. They get their own virtualenv because RLlib pins an older gymnasium than flowrl's.
 #
 # Usage: bash benchmarks/peers/setup.sh        (PYTHON=/path/to/python to pick the main environment's Python)
@@ -13,8 +13,8 @@ venv="$here/.venv"
 "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0  # first, pinned: the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
-"${pip[@]}" "ray[rllib]==$ray_version" stable-baselines3  # pip picks the gymnasium both accept
+"${pip[@]}" "ray[rllib]==$ray_version" stable-baselines3 sb3-contrib  # pip picks the gymnasium all accept
 "$venv/bin/python" - <<'PY'
 from importlib.metadata import version
-print(" ".join(f"{p}=={version(p)}" for p in ("torch", "ray", "stable-baselines3", "gymnasium", "numpy")))
+print(" ".join(f"{p}=={version(p)}" for p in ("torch", "ray", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy")))
 PY

@@ -36,8 +36,8 @@ def test_suite_doctests_pass() -> None:
 
 def test_all_expands_in_order_and_names_run_once() -> None:
     args = suite.parse_args(["ppo", "all", "--quick"])
-    assert args.benchmarks == ["ppo", "rollout_overhead", "sampling", "throughput", "time_to_solve", "scaling", "loc",
-                               "dqn", "sac"]
+    assert args.benchmarks == ["ppo", "rollout_overhead", "sampling", "recurrent_sampling", "throughput",
+                               "time_to_solve", "scaling", "loc", "dqn", "sac", "ppo_lstm"]
     assert args.quick and args.repeats == 3
     assert suite.parse_args(["rllib_ppo_2x1", "--repeats", "5"]).benchmarks == ["rllib_ppo_2x1"]
     for micro in ("iter_overhead", "segment_tree", "sac_lunar"):  # runnable by name, not in all
@@ -64,7 +64,7 @@ def test_every_system_has_a_step_budget_and_a_known_script() -> None:
 
 
 def test_groups_compare_flowrl_with_peers_on_the_same_thresholds() -> None:
-    for group in ("dqn", "sac"):
+    for group in ("dqn", "sac", "ppo_lstm"):
         systems = [suite.SYSTEMS[n] for n in suite.TRAINER_GROUPS[group]]
         assert not systems[0].peer and any(s.peer for s in systems)  # the first is flowrl's: the ratio column's
         assert {s.thresholds for s in systems} == {systems[0].thresholds}
@@ -89,14 +89,18 @@ def test_summary_line_from_given_numbers() -> None:
             "rllib_sac": [{"env_steps_per_s": 40.0}, {"error": "rc 1"}],
             "dqn_cartpole": [{"env_steps_per_s": 1000.0}] * 3,  # the defaults: not what the matched ratio reads
             "dqn_cartpole_matched": [{"env_steps_per_s": 3000.0}] * 3,
-            "sb3_dqn": [{"env_steps_per_s": 1500.0}] * 3}
-    values = suite.summary_values(runs, overhead_ratio=1.02)
+            "sb3_dqn": [{"env_steps_per_s": 1500.0}] * 3,
+            "ppo_lstm_cartpole": [{"env_steps_per_s": 6000.0}] * 3,
+            "rllib_ppo_lstm": [{"env_steps_per_s": 1500.0}] * 3,
+            "sb3_recurrent_ppo": [{"env_steps_per_s": 800.0}, {"error": "rc 1"}]}
+    values = suite.summary_values(runs, overhead_ratio=1.02, recurrent_sampling=0.71)
     assert values["ppo_vs_sb3"] == pytest.approx(2900 / 1450)
     assert values["ppo_time_to_450_vs_minimal"] == pytest.approx(33 / 44)
     assert values["sac_vs_sb3"] == pytest.approx(1.5) and values["sac_vs_rllib"] == pytest.approx(7.5)
     assert suite.format_summary(values) == \
         ("overhead_ratio=1.020 ppo_vs_sb3=2.000 ppo_vs_rllib=6.042 ppo_time_to_450_vs_minimal=0.750 "
-         "ppo_vs_rllib_2x4=2.000 sac_vs_sb3=1.500 sac_vs_rllib=7.500 dqn_vs_sb3_matched=2.000")
+         "ppo_vs_rllib_2x4=2.000 sac_vs_sb3=1.500 sac_vs_rllib=7.500 dqn_vs_sb3_matched=2.000 ppo_lstm_vs_rllib=4.000 "
+         "ppo_lstm_vs_sb3=7.500 recurrent_sampling_efficiency=0.710")
 
 
 def test_ratios_per_cpu_second_read_each_runs_cpu_time() -> None:
@@ -113,7 +117,8 @@ def test_summary_line_writes_nan_for_what_was_not_measured() -> None:
             "minimal_ppo": [{"env_steps_per_s": 2500.0, "seconds_to_450": 40.0}] * 3}
     line = suite.format_summary(suite.summary_values(runs, overhead_ratio=None))
     assert line == ("overhead_ratio=nan ppo_vs_sb3=nan ppo_vs_rllib=nan ppo_time_to_450_vs_minimal=nan "
-                    "ppo_vs_rllib_2x4=nan sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan")
+                    "ppo_vs_rllib_2x4=nan sac_vs_sb3=nan sac_vs_rllib=nan dqn_vs_sb3_matched=nan "
+                    "ppo_lstm_vs_rllib=nan ppo_lstm_vs_sb3=nan recurrent_sampling_efficiency=nan")
     assert suite.format_summary({k: math.nan for k in suite.SUMMARY_KEYS}) == line
 
 
@@ -305,3 +310,24 @@ def test_minimal_ppo_model_and_loss_equal_flowrl_ppo_policy() -> None:
     loss, kl = minimal_ppo.ppo_loss(model, {k: tensors[v] for k, v in ours.items()}, kl_coeff=0.3)
     torch.testing.assert_close(loss, expected)
     assert kl == pytest.approx(stats["kl"], rel=1e-6)
+
+
+# -- memory: the recurrent sampling microbenchmark and the PPO+LSTM benchmark's settings --------------------------
+def test_recurrent_sampling_measures_both_workers_and_the_state_columns() -> None:
+    from benchmarks import recurrent_sampling
+
+    out = recurrent_sampling.measure(num_envs=2, fragment=20, repeats=1, samples=1, cell="gru")
+    assert out["recurrent_steps_per_s"] > 0 and out["feed_forward_steps_per_s"] > 0
+    assert out["efficiency"] == pytest.approx(out["recurrent_steps_per_s"] / out["feed_forward_steps_per_s"])
+    assert out["state_bytes_per_row"] == 2 * 64 * 4  # a GRU: h in and h out, 64 float32 each
+
+
+def test_ppo_lstm_benchmark_runs_the_stateless_cartpole_preset_without_the_filter() -> None:
+    from benchmarks import ppo_lstm
+
+    config = ppo_lstm.make_config(seed=3)
+    assert config.env == "flowrl/StatelessCartPole-v1" and config.model.use_lstm and config.seed == 3
+    assert (config.num_envs_per_worker, config.rollout_fragment_length, config.train_batch_size,
+            config.sgd_minibatch_size, config.num_sgd_iter, config.model.lstm_cell_size,
+            config.model.max_seq_len) == (8, 250, 2000, 250, 10, 64, 20)
+    assert config.observation_filter == "NoFilter"
