@@ -70,6 +70,23 @@ class TrainedPolicy:
         self.obs_filter = obs_filter
         self.observation_space: gym.Space[Any] = policy.observation_space
         self.action_space: gym.Space[Any] = policy.action_space
+        self._state: tuple[np.ndarray, ...] | None = None  # a recurrent policy's state per episode it acts in
+
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the policy carries a state from step to step (``model.use_lstm``, R2D2): :meth:`compute_actions`
+        then remembers one state per episode of the batch; call :meth:`reset` when new episodes start."""
+        return self.policy.is_recurrent
+
+    def reset(self, batch_size: int = 1) -> None:
+        """Starts ``batch_size`` new episodes: a recurrent policy's remembered state goes back to its initial one
+        (nothing for a feed-forward policy)."""
+        self._state = self.policy.initial_state(batch_size) if self.is_recurrent else None
+
+    def initial_state(self, batch_size: int = 1) -> tuple[np.ndarray, ...]:
+        """The state ``batch_size`` episodes start from (``()`` for a feed-forward policy), for
+        :meth:`compute_actions_with_state`."""
+        return self.policy.initial_state(batch_size)
 
     def __repr__(self) -> str:
         return (f"TrainedPolicy({self.policy_id!r} of {self.algorithm!r}, {self.observation_space} -> "
@@ -78,10 +95,13 @@ class TrainedPolicy:
     def compute_actions(self, obs_batch: Any, explore: bool = False) -> np.ndarray:
         """Actions for a batch of observations ``[B, *obs_shape]``: ``[B]`` ints for a Discrete action
         space, ``[B, *action_shape]`` for a Box (in its dtype, mapped onto its bounds as the env takes them, see
-        ``PolicyConfig.normalize_actions``); sampled with ``explore``, else the most likely ones.
+        ``PolicyConfig.normalize_actions``); sampled with ``explore``, else the most likely ones. A recurrent
+        policy acts from the state it remembers for each of the ``B`` episodes (from :meth:`reset`, or from the
+        initial state at the first call) and remembers the state after.
 
         Raises:
-            ValueError: observations of another shape than ``[B, *obs_shape]``.
+            ValueError: observations of another shape than ``[B, *obs_shape]``; for a recurrent policy, a batch
+                size other than the episodes it remembers (call :meth:`reset` with the new size).
         """
         obs = np.asarray(obs_batch, dtype=self.observation_space.dtype)
         shape = tuple(self.observation_space.shape or ())
@@ -89,9 +109,36 @@ class TrainedPolicy:
             raise ValueError(f"observations of shape {obs.shape}; policy {self.policy_id!r} takes a batch "
                              f"[B, {', '.join(map(str, shape))}] ({self.observation_space}); for one observation "
                              f"use compute_single_action")
-        if self.obs_filter is not None:
-            obs = self.obs_filter(obs, update=False)
-        actions, _ = self.policy.compute_actions(obs, explore=explore)
+        if not self.is_recurrent:
+            return self._env_actions(self.policy.compute_actions(self._filtered(obs), explore=explore)[0])
+        state = self._state
+        if state is None:
+            state = self.policy.initial_state(len(obs))
+        elif len(state[0]) != len(obs):
+            raise ValueError(f"a batch of {len(obs)} observations, but this recurrent policy remembers the state of "
+                             f"{len(state[0])} episodes; call reset(batch_size={len(obs)}) when new episodes start")
+        actions, self._state = self.compute_actions_with_state(obs, state, explore=explore)
+        return actions
+
+    def compute_actions_with_state(self, obs_batch: Any, state: tuple[np.ndarray, ...], explore: bool = False
+                                   ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """A recurrent policy's actions for ``[B, *obs_shape]`` observations from ``state`` (``[B, ...]`` arrays,
+        :meth:`initial_state` at an episode's start), and the state after them: ``(actions, new_state)``. The
+        state is the caller's to keep; :meth:`compute_actions` keeps it for you.
+
+        Raises:
+            TypeError: a feed-forward policy (use :meth:`compute_actions`).
+        """
+        if not self.is_recurrent:
+            raise TypeError(f"policy {self.policy_id!r} carries no state; use compute_actions(obs_batch)")
+        obs = self._filtered(np.asarray(obs_batch, dtype=self.observation_space.dtype))
+        actions, _, new_state = self.policy.compute_actions_with_state(obs, state, explore=explore)
+        return self._env_actions(actions), new_state
+
+    def _filtered(self, obs: np.ndarray) -> np.ndarray:
+        return obs if self.obs_filter is None else self.obs_filter(obs, update=False)
+
+    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         actions = self.policy.env_actions(actions)
         if isinstance(self.action_space, gym.spaces.Box):
             return actions.astype(self.action_space.dtype, copy=False)

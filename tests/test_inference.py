@@ -205,3 +205,61 @@ def test_restoring_a_read_only_state_warns_of_nothing() -> None:
     done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", READ_ONLY_RESTORE], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout == "restored\n", done.stderr
+
+
+def test_a_recurrent_policy_remembers_each_episodes_state_and_reset_starts_new_ones(tmp_path: Path) -> None:
+    """flowrl.load of a PPO+LSTM checkpoint acts as the trained policy does from a carried state: the same greedy
+    actions as explicit compute_actions_with_state calls on the trainer's own policy, over a whole episode."""
+    import gymnasium
+
+    from flowrl.algorithms.ppo import PPOConfig
+    from flowrl.config import ModelConfig
+    from flowrl.envs import STATELESS_CARTPOLE
+
+    config = PPOConfig(env=STATELESS_CARTPOLE, seed=2, num_workers=0, num_envs_per_worker=2,
+                       rollout_fragment_length=50, train_batch_size=100, sgd_minibatch_size=50, num_sgd_iter=1,
+                       model=ModelConfig(hidden_sizes=(16,), use_lstm=True, lstm_cell_size=8, max_seq_len=10))
+    trainer = Trainer("ppo", config)
+    trainer.train()
+    trainer.save(tmp_path)
+    trained = trainer.get_policy()
+    loaded = load(tmp_path)
+    assert loaded.is_recurrent
+    env = gymnasium.make(STATELESS_CARTPOLE)
+    obs, _ = env.reset(seed=4)
+    state = trained.initial_state(1)
+    loaded.reset()
+    actions_loaded, actions_explicit = [], []
+    for _ in range(60):
+        action = loaded.compute_single_action(obs)
+        expected, _, state = trained.compute_actions_with_state(obs[None], state, explore=False)
+        actions_loaded.append(action)
+        actions_explicit.append(int(expected[0]))
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            break
+    assert actions_loaded == actions_explicit
+    assert any(np.abs(s).sum() > 0 for s in loaded._state or ())  # it carried a state along
+    with pytest.raises(ValueError, match=r"a batch of 3 observations, but this recurrent policy remembers the "
+                                         r"state of 1 episodes; call reset\(batch_size=3\)"):
+        loaded.compute_actions(np.zeros((3, 2), np.float32))
+    loaded.reset(batch_size=3)
+    assert loaded.compute_actions(np.zeros((3, 2), np.float32)).shape == (3,)
+    actions, new_state = loaded.compute_actions_with_state(np.zeros((2, 2), np.float32), loaded.initial_state(2))
+    assert actions.shape == (2,) and [s.shape for s in new_state] == [(2, 8), (2, 8)]
+    trainer.stop()
+
+
+def test_a_feed_forward_policy_has_no_state_to_carry(tmp_path: Path) -> None:
+    from flowrl.algorithms.pg import PGConfig
+
+    trainer = Trainer("pg", PGConfig(num_workers=0, train_batch_size=50, rollout_fragment_length=50, seed=0))
+    trainer.train()
+    trainer.save(tmp_path)
+    trainer.stop()
+    policy = load(tmp_path)
+    assert not policy.is_recurrent and policy.initial_state(2) == ()
+    with pytest.raises(TypeError, match="carries no state; use compute_actions"):
+        policy.compute_actions_with_state(np.zeros((1, 4), np.float32), ())
+    policy.reset()  # nothing to reset: no error
+    assert policy.compute_actions(np.zeros((5, 4), np.float32)).shape == (5,)
