@@ -147,12 +147,17 @@ def _field_default(config_class: type, name: str) -> Any:
 
 
 def _parse_override(config_class: type, item: str) -> tuple[tuple[str, ...], Any]:
-    """``"model.hidden_sizes=32,32"`` -> ``(("model", "hidden_sizes"), (32, 32))``."""
+    """``"model.hidden_sizes=32,32"`` -> ``(("model", "hidden_sizes"), (32, 32))``; a nested config's field may go by
+    its own name where no other field has it (``use_lstm=true`` is ``model.use_lstm=true``)."""
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ValueError(f"{item!r} is not key=value; write e.g. --config lr=3e-4")
     path = tuple(key.split("."))
+    if len(path) == 1 and key not in field_hints(config_class):  # a nested field by its own name, when unambiguous
+        owners = [name for name in _field_names(config_class) if name.endswith("." + key)]
+        if len(owners) == 1:
+            path = tuple(owners[0].split("."))
     cls: type = config_class
     for depth, name in enumerate(path):
         hints = field_hints(cls)
@@ -231,6 +236,8 @@ def build_config(config_class: type, items: Sequence[str]) -> Any:
         ...                                   "batch_mode=complete_episodes", "use_gae=false"])
         >>> config.lr, config.model.hidden_sizes, config.grad_clip, config.batch_mode, config.use_gae
         (0.0003, (32, 32), None, 'complete_episodes', False)
+        >>> build_config(PPOConfig, ["use_lstm=true", "lstm_cell_size=64"]).model.lstm_cell_size  # model.* by name
+        64
         >>> build_config(PPOConfig, ["num_sgd_iter=1.5"])
         Traceback (most recent call last):
         ...

@@ -280,3 +280,25 @@ def test_bad_invocations_are_usage_errors_naming_the_argument_and_value(case: tu
     assert "Traceback" not in result.output
     for text in named:
         assert text in result.output, (text, result.output)
+
+
+@pytest.mark.parametrize("args", [
+    ("ppo", "--config", "use_lstm=true", "--config", "lstm_cell_size=16", "--config", "max_seq_len=10",
+     "--config", "train_batch_size=200", "--config", "sgd_minibatch_size=50", "--config", "num_sgd_iter=2"),
+    ("r2d2", "--config", "learning_starts=200", "--config", "timesteps_per_iteration=200"),
+], ids=["ppo-use_lstm", "r2d2"])
+def test_memory_on_the_command_line_trains_resumes_and_evaluates(args: tuple[str, ...], tmp_path: Path) -> None:
+    """`flowrl train ppo --config use_lstm=true` (model.use_lstm by its own name) and `flowrl train r2d2` on the
+    stateless CartPole: checkpoints every iteration, a resume goes on from the saved iteration with the recurrent
+    state of the workers, and `flowrl evaluate` acts with a carried state."""
+    run_dir = tmp_path / "run"
+    result = invoke("train", *args, "--env", "flowrl/StatelessCartPole-v1", "--seed", 1, "--stop-iters", 2,
+                    "--log-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    checkpoint = run_dir / "checkpoints" / "checkpoint_000002"
+    assert checkpoint.is_dir()
+    result = invoke("train", args[0], "--resume", run_dir, "--stop-iters", 3)
+    assert result.exit_code == 0, result.output
+    assert "at iteration 2" in result.output and (run_dir / "checkpoints" / "checkpoint_000003").is_dir()
+    result = invoke("evaluate", run_dir, "--episodes", 2, "--seed", 0)
+    assert result.exit_code == 0 and "2 episodes (greedy)" in result.output, result.output
