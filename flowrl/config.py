@@ -95,11 +95,14 @@ class ModelConfig:
             cell whose state a rollout worker carries per env from step to step (restarted at every episode end)
             and stores per row; the learner trains on sequences of at most ``max_seq_len`` steps. The policy and
             value heads share the cell (``vf_share_layers`` is not read). Only algorithms whose configs say they
-            train recurrent models accept it (PPO).
+            train recurrent models accept it (PPO, A2C, A3C, IMPALA, APPO, R2D2).
         lstm_cell_size: the cell's state size (256).
         lstm_cell: ``"lstm"`` or ``"gru"``.
         max_seq_len: the longest sequence the learner trains on (20): an episode is cut into sequences of this
             many steps, each starting from the state the worker acted with.
+        lstm_use_prev_action / lstm_use_prev_reward: the cell also reads the previous step's action (one-hot for
+            a Discrete space) / reward, zeros at an episode's first step (False); the worker stores what it fed
+            (``prev_actions``, ``prev_rewards``).
     """
 
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -111,6 +114,8 @@ class ModelConfig:
     lstm_cell_size: int = 256
     lstm_cell: Literal["lstm", "gru"] = "lstm"
     max_seq_len: int = 20
+    lstm_use_prev_action: bool = False
+    lstm_use_prev_reward: bool = False
 
     def __post_init__(self) -> None:
         if not all(isinstance(h, int) and h > 0 for h in self.hidden_sizes):
@@ -126,6 +131,10 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name}={value!r} must be an int >= 1, e.g. {example}")
         if self.lstm_cell not in ("lstm", "gru"):
             raise ValueError(f"ModelConfig.lstm_cell={self.lstm_cell!r}; use 'lstm' or 'gru'")
+        for name in ("lstm_use_prev_action", "lstm_use_prev_reward"):
+            if getattr(self, name) and not self.use_lstm:
+                raise ValueError(f"ModelConfig.{name}=True feeds the recurrent cell, and use_lstm=False has none; set "
+                                 f"use_lstm=True or {name}=False")
 
 
 _FLOAT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}

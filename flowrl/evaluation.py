@@ -116,16 +116,21 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
     per_env: list[list[tuple[float, int]]] = [[] for _ in quota]
     obs = env.reset()
     start = policy.initial_state(env.num_envs)  # a recurrent policy: one state per env, restarted per episode
-    state = start
+    prev_start = policy.initial_prev_inputs(env.num_envs)  # (and the previous action and reward, if it reads them)
+    state, prev = start, prev_start
     while any(len(done) < want for done, want in zip(per_env, quota)):
         seen = obs if obs_filter is None else obs_filter(obs, update=False)
         if state:
-            actions, _, state = policy.compute_actions_with_state(seen, state, explore=explore)
+            actions, _, state = policy.compute_actions_with_state(seen, state, explore=explore, prev=prev)
         else:
             actions, _ = policy.compute_actions(seen, explore=explore)
         step = env.step(policy.env_actions(actions))
         if state:
-            state = restart_states(state, step.terminateds | step.truncateds, start)
+            ended = step.terminateds | step.truncateds
+            state = restart_states(state, ended, start)
+            if prev_start is not None:
+                prev = restart_states((actions, step.rewards.astype(np.float32)), ended,  # type: ignore[assignment]
+                                      prev_start)
         for ep in step.episodes:
             if len(per_env[ep.env_index]) < quota[ep.env_index]:
                 per_env[ep.env_index].append((float(ep.episode_return), int(ep.episode_length)))

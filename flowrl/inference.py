@@ -71,6 +71,7 @@ class TrainedPolicy:
         self.observation_space: gym.Space[Any] = policy.observation_space
         self.action_space: gym.Space[Any] = policy.action_space
         self._state: tuple[np.ndarray, ...] | None = None  # a recurrent policy's state per episode it acts in
+        self._prev_actions: np.ndarray | None = None  # ... and its last actions (for a model that reads them)
 
     @property
     def is_recurrent(self) -> bool:
@@ -82,6 +83,7 @@ class TrainedPolicy:
         """Starts ``batch_size`` new episodes: a recurrent policy's remembered state goes back to its initial one
         (nothing for a feed-forward policy)."""
         self._state = self.policy.initial_state(batch_size) if self.is_recurrent else None
+        self._prev_actions = None
 
     def initial_state(self, batch_size: int = 1) -> tuple[np.ndarray, ...]:
         """The state ``batch_size`` episodes start from (``()`` for a feed-forward policy), for
@@ -92,12 +94,14 @@ class TrainedPolicy:
         return (f"TrainedPolicy({self.policy_id!r} of {self.algorithm!r}, {self.observation_space} -> "
                 f"{self.action_space}, from {str(self.checkpoint)!r})")
 
-    def compute_actions(self, obs_batch: Any, explore: bool = False) -> np.ndarray:
+    def compute_actions(self, obs_batch: Any, explore: bool = False, prev_rewards: Any = None) -> np.ndarray:
         """Actions for a batch of observations ``[B, *obs_shape]``: ``[B]`` ints for a Discrete action
         space, ``[B, *action_shape]`` for a Box (in its dtype, mapped onto its bounds as the env takes them, see
         ``PolicyConfig.normalize_actions``); sampled with ``explore``, else the most likely ones. A recurrent
         policy acts from the state it remembers for each of the ``B`` episodes (from :meth:`reset`, or from the
-        initial state at the first call) and remembers the state after.
+        initial state at the first call) and remembers the state after; one that reads the previous action and
+        reward (``model.lstm_use_prev_action`` / ``lstm_use_prev_reward``) remembers its actions and takes the
+        rewards the env gave for them as ``prev_rewards`` ``[B]`` (needed after the first step of the episodes).
 
         Raises:
             ValueError: observations of another shape than ``[B, *obs_shape]``; for a recurrent policy, a batch
@@ -117,14 +121,33 @@ class TrainedPolicy:
         elif len(state[0]) != len(obs):
             raise ValueError(f"a batch of {len(obs)} observations, but this recurrent policy remembers the state of "
                              f"{len(state[0])} episodes; call reset(batch_size={len(obs)}) when new episodes start")
-        actions, self._state = self.compute_actions_with_state(obs, state, explore=explore)
-        return actions
+        prev = self._remembered_prev(len(obs), prev_rewards)
+        policy_actions, _, self._state = self.policy.compute_actions_with_state(self._filtered(obs), state,
+                                                                                explore=explore, prev=prev)
+        if prev is not None:
+            self._prev_actions = policy_actions
+        return self._env_actions(policy_actions)
 
-    def compute_actions_with_state(self, obs_batch: Any, state: tuple[np.ndarray, ...], explore: bool = False
+    def _remembered_prev(self, batch_size: int, prev_rewards: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        start = self.policy.initial_prev_inputs(batch_size)
+        if start is None:
+            return None
+        if self._prev_actions is None:  # the episodes' first step: no previous action or reward
+            return start
+        if prev_rewards is None:
+            if self.policy.model.prev_reward:
+                raise ValueError(f"policy {self.policy_id!r} reads the previous reward: pass prev_rewards=[...] (the "
+                                 f"rewards of the last actions) after the episodes' first step")
+            prev_rewards = start[1]
+        return self._prev_actions, np.asarray(prev_rewards, np.float32).reshape(batch_size)
+
+    def compute_actions_with_state(self, obs_batch: Any, state: tuple[np.ndarray, ...], explore: bool = False,
+                                   prev: tuple[np.ndarray, np.ndarray] | None = None
                                    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
         """A recurrent policy's actions for ``[B, *obs_shape]`` observations from ``state`` (``[B, ...]`` arrays,
         :meth:`initial_state` at an episode's start), and the state after them: ``(actions, new_state)``. The
-        state is the caller's to keep; :meth:`compute_actions` keeps it for you.
+        state is the caller's to keep; :meth:`compute_actions` keeps it for you. ``prev``: the previous policy
+        actions and rewards, for a model that reads them (``policy.initial_prev_inputs(B)`` at the start).
 
         Raises:
             TypeError: a feed-forward policy (use :meth:`compute_actions`).
@@ -132,7 +155,7 @@ class TrainedPolicy:
         if not self.is_recurrent:
             raise TypeError(f"policy {self.policy_id!r} carries no state; use compute_actions(obs_batch)")
         obs = self._filtered(np.asarray(obs_batch, dtype=self.observation_space.dtype))
-        actions, _, new_state = self.policy.compute_actions_with_state(obs, state, explore=explore)
+        actions, _, new_state = self.policy.compute_actions_with_state(obs, state, explore=explore, prev=prev)
         return self._env_actions(actions), new_state
 
     def _filtered(self, obs: np.ndarray) -> np.ndarray:
@@ -144,7 +167,7 @@ class TrainedPolicy:
             return actions.astype(self.action_space.dtype, copy=False)
         return actions
 
-    def compute_single_action(self, obs: Any, explore: bool = False) -> Any:
+    def compute_single_action(self, obs: Any, explore: bool = False, prev_reward: float | None = None) -> Any:
         """The action for one observation, as the env takes it: a Python ``int`` for a Discrete action space,
         a numpy array of the action shape for a Box.
 
@@ -156,7 +179,8 @@ class TrainedPolicy:
             raise ValueError(f"an observation of shape {one.shape}; policy {self.policy_id!r} takes "
                              f"{self.observation_space} (shape {self.observation_space.shape}); for a batch use "
                              f"compute_actions")
-        action = self.compute_actions(one[None], explore=explore)[0]
+        action = self.compute_actions(one[None], explore=explore,
+                                      prev_rewards=None if prev_reward is None else [prev_reward])[0]
         return int(action) if isinstance(self.action_space, gym.spaces.Discrete) else action
 
 

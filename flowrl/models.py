@@ -28,7 +28,7 @@ from flowrl.config import ModelConfig
 
 __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
            "DiagGaussian", "dist_class_for", "NumpyActing", "QModel", "NumpyQ", "ActorModel", "ContinuousQModel",
-           "NumpyMLP", "RecurrentActorCritic", "NumpyRecurrent"]
+           "NumpyMLP", "RecurrentActorCritic", "NumpyRecurrent", "prev_action_size", "encode_prev_actions"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
 _INPLACE = (nn.ReLU, nn.ELU)  # the activations that take ``inplace=True``
@@ -289,6 +289,39 @@ def dist_class_for(action_space: gym.Space[object]) -> tuple[type[ActionDistribu
                      f"1-D Box action spaces (flatten or wrap the env's action space)")
 
 
+def prev_action_size(action_space: gym.Space[object]) -> int:
+    """The width of the previous action as a recurrent model's input: ``n`` (one-hot) for a Discrete space, the
+    flattened action for a Box.
+
+    Raises:
+        ValueError: another action space.
+    """
+    if isinstance(action_space, gym.spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, gym.spaces.Box):
+        return int(np.prod(action_space.shape))
+    raise ValueError(f"model.lstm_use_prev_action=True takes a Discrete or Box action space, got {action_space}; "
+                     f"set lstm_use_prev_action=False")
+
+
+def encode_prev_actions(actions: np.ndarray, action_space: gym.Space[object]) -> np.ndarray:
+    """Actions ``[..., *action_shape]`` as a recurrent model's previous-action input ``[..., width]`` float32
+    (:func:`prev_action_size`): one-hot for a Discrete space, flattened for a Box.
+
+    Examples:
+        >>> encode_prev_actions(np.array([[2, 0]]), gym.spaces.Discrete(3)).tolist()
+        [[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]]
+        >>> encode_prev_actions(np.zeros((4, 2, 3)), gym.spaces.Box(-1, 1, (2, 3))).shape
+        (4, 6)
+    """
+    width = prev_action_size(action_space)
+    if isinstance(action_space, gym.spaces.Discrete):
+        return np.eye(width, dtype=np.float32)[np.asarray(actions, np.int64)]
+    values = np.asarray(actions, np.float32)
+    lead = values.shape[:values.ndim - len(action_space.shape or ())]
+    return values.reshape(*lead, width)
+
+
 def make_model(obs_space: gym.Space[object], action_space: gym.Space[object],
                config: ModelConfig) -> ActorCriticModel | RecurrentActorCritic:
     """An actor-critic model for a Box observation space: 1-D (or flattened) via MLP, HWC images via CNN; with
@@ -305,7 +338,9 @@ def make_model(obs_space: gym.Space[object], action_space: gym.Space[object],
     free = num_outputs // 2 if dist_class is DiagGaussian and config.free_log_std else 0
     if config.use_lstm:
         return RecurrentActorCritic(obs_space, num_outputs - free, config, cell_size=config.lstm_cell_size,
-                                    cell=config.lstm_cell, extra_free_params=free)
+                                    cell=config.lstm_cell, extra_free_params=free,
+                                    prev_action_dim=prev_action_size(action_space) if config.lstm_use_prev_action
+                                    else 0, prev_reward=config.lstm_use_prev_reward)
     return ActorCriticModel(obs_space, num_outputs - free, config, extra_free_params=free)
 
 
@@ -472,8 +507,8 @@ def _np_logp(dist_class: type[ActionDistribution], dist_inputs: np.ndarray, acti
 
 
 class NumpyRecurrent(_NumpyMirror):
-    """One step of a :class:`RecurrentActorCritic` (MLP encoder, LSTM or GRU, no previous action or reward inputs)
-    in numpy, for a rollout worker's few envs per step: the recurrent counterpart of :class:`NumpyActing`, kept in
+    """One step of a :class:`RecurrentActorCritic` (MLP encoder, LSTM or GRU, with or without the previous action
+    and reward inputs) in numpy, for a rollout worker's few envs per step: the recurrent counterpart of :class:`NumpyActing`, kept in
     step with the model the same way (version counters, :meth:`invalidate` after a fused optimizer step).
     :meth:`build` returns ``None`` for a model it cannot mirror exactly.
 
@@ -503,10 +538,10 @@ class NumpyRecurrent(_NumpyMirror):
     @staticmethod
     def build(model: nn.Module, dist_class: type[ActionDistribution]) -> NumpyRecurrent | None:
         """A numpy mirror of ``model``, or ``None`` unless it is a plain-MLP :class:`RecurrentActorCritic` on the
-        CPU without previous-action or -reward inputs, acting with a Categorical or DiagGaussian."""
+        CPU, acting with a Categorical or DiagGaussian."""
         if type(model) is not RecurrentActorCritic or not isinstance(model.encoder, nn.Flatten):
             return None
-        if model.prev_action_dim or model.prev_reward or dist_class not in (Categorical, DiagGaussian):
+        if dist_class not in (Categorical, DiagGaussian):
             return None
         if any(p.device.type != "cpu" for p in model.parameters()):
             return None
@@ -536,14 +571,17 @@ class NumpyRecurrent(_NumpyMirror):
         heads = _linears(model.pi_head) + _linears(model.vf_head)
         self._head = (np.concatenate([heads[0][0], heads[1][0]], 1), np.concatenate([heads[0][1], heads[1][1]]))
 
-    def step(self, obs: np.ndarray, state: tuple[np.ndarray, ...]
+    def step(self, obs: np.ndarray, state: tuple[np.ndarray, ...], prev_inputs: np.ndarray | None = None
              ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
         """``(dist_inputs [B, A], values [B], new_state)`` of one step from ``state`` (float32 ``[B, cell]``
-        arrays), equal to the model's forward over a length-1 sequence."""
+        arrays), equal to the model's forward over a length-1 sequence; ``prev_inputs`` ``[B, D]``: the encoded
+        previous actions then rewards, for a model that reads them."""
         self._refresh()
         x = np.asarray(obs, np.float32).reshape(len(obs), -1)
         if self._trunk:
             x = _np_dense(x, self._trunk, self.activation)
+        if prev_inputs is not None:
+            x = np.concatenate([x, prev_inputs], axis=1)
         size = self.model.cell_size
         if self.model.cell == "lstm":
             h, c = state
@@ -576,9 +614,10 @@ class NumpyRecurrent(_NumpyMirror):
         return dist_inputs, out[:, -1], new_state
 
     def compute_actions(self, obs: np.ndarray, state: tuple[np.ndarray, ...], rng: np.random.Generator,
-                        explore: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+                        explore: bool, prev_inputs: np.ndarray | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
         """``(actions, logp, values, dist_inputs, new_state)``, sampled as :class:`NumpyActing` samples."""
-        dist_inputs, values, new_state = self.step(obs, state)
+        dist_inputs, values, new_state = self.step(obs, state, prev_inputs)
         actions = self.sample(dist_inputs, rng, explore)
         return actions, self.logp(dist_inputs, actions), values, dist_inputs, new_state
 

@@ -24,14 +24,17 @@ import torch
 
 from flowrl.config import PolicyConfig
 from flowrl.models import (ActionDistribution, NumpyActing, NumpyRecurrent, RecurrentActorCritic, dist_class_for,
-                           make_model)
+                           encode_prev_actions, make_model)
 from flowrl.postprocessing import add_advantages
-from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, STATE_IN, STATE_OUT,
-                                 VF_PREDS, SampleBatch, T)
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, PREV_ACTIONS, PREV_REWARDS,
+                                 REWARDS, STATE_IN, STATE_OUT, VF_PREDS, SampleBatch, T)
 from flowrl.sequences import pad, sequence_lengths, sequence_mask, sequence_starts
 
 #: the keys of :meth:`Policy.sequence_tensors` that hold the padded observations and their mask
 SEQ_OBS, SEQ_MASK = "_seq_obs", "_seq_mask"
+#: ... and, for a model that reads the previous action and reward, those read at each padded step
+#: (``SEQ_PREV.format("actions")``, encoded) and those read after each row (its own action and reward)
+SEQ_PREV, NEXT_PREV = "_seq_prev_{}", "_next_prev_{}"
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data",
            "env_action_map", "flush_denormals", "denormals_flushed_now", "module_weights", "load_module_weights",
@@ -39,6 +42,8 @@ __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam"
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
+#: a recurrent model's previous-step inputs: ``(prev_actions, prev_rewards)`` ``[B, ...]``, or ``None``
+PrevInputs = tuple[np.ndarray, np.ndarray] | None
 
 #: The learner stat that counts the updates a policy skipped for a non-finite gradient (present once one was).
 NONFINITE_UPDATES_SKIPPED = "num_nonfinite_updates_skipped"
@@ -375,46 +380,107 @@ class Policy:
             return ()
         return tuple(s.cpu().numpy() for s in self.model.initial_state(batch_size))
 
+    @property
+    def uses_prev_inputs(self) -> bool:
+        """Whether the recurrent model also reads the previous action or reward (``model.lstm_use_prev_action`` /
+        ``lstm_use_prev_reward``): callers then pass ``prev=(prev_actions, prev_rewards)`` when acting."""
+        model = self.model
+        return isinstance(model, RecurrentActorCritic) and bool(model.prev_action_dim or model.prev_reward)
+
+    def initial_prev_inputs(self, batch_size: int) -> PrevInputs:
+        """``(prev_actions, prev_rewards)`` at ``batch_size`` episodes' first steps (zeros; actions in the action
+        space's shape, ints for a Discrete space), or ``None`` when the model reads neither."""
+        if not self.uses_prev_inputs:
+            return None
+        shape = tuple(self.action_space.shape or ())
+        dtype = np.int64 if isinstance(self.action_space, gym.spaces.Discrete) else np.float32
+        return np.zeros((batch_size, *shape), dtype), np.zeros(batch_size, np.float32)
+
+    def _prev_arrays(self, prev: PrevInputs) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The encoded previous actions ``[B, D]`` and rewards ``[B]`` (float32) the model reads, ``None`` for what
+        it does not read."""
+        model = self.model
+        if not isinstance(model, RecurrentActorCritic) or not (model.prev_action_dim or model.prev_reward):
+            return None, None
+        if prev is None:
+            raise ValueError(f"{type(self).__name__}'s model reads the previous action or reward "
+                             f"(model.lstm_use_prev_action / lstm_use_prev_reward): pass prev=(prev_actions, "
+                             f"prev_rewards), initial_prev_inputs(B) at the episodes' first steps")
+        actions, rewards = prev
+        encoded = encode_prev_actions(actions, self.action_space) if model.prev_action_dim else None
+        return encoded, (np.asarray(rewards, np.float32).reshape(-1) if model.prev_reward else None)
+
+    def _prev_tensors(self, prev: PrevInputs) -> dict[str, torch.Tensor]:
+        """The model's ``prev_actions`` / ``prev_rewards`` keyword arguments for one step ``[B, 1, ...]``."""
+        actions, rewards = self._prev_arrays(prev)
+        out = {}
+        if actions is not None:
+            out["prev_actions"] = torch.as_tensor(actions, device=self.device)[:, None]
+        if rewards is not None:
+            out["prev_rewards"] = torch.as_tensor(rewards, device=self.device)[:, None]
+        return out
+
+    def _prev_numpy(self, prev: PrevInputs) -> np.ndarray | None:
+        """The same inputs side by side ``[B, D (+ 1)]``, as :class:`~flowrl.models.NumpyRecurrent` takes them."""
+        actions, rewards = self._prev_arrays(prev)
+        parts = [p for p in (actions, None if rewards is None else rewards[:, None]) if p is not None]
+        return np.concatenate(parts, axis=1) if parts else None
+
+    @staticmethod
+    def _recurrent_extras(extras: dict[str, np.ndarray], state: tuple[np.ndarray, ...],
+                          new_state: tuple[np.ndarray, ...], prev: PrevInputs) -> dict[str, np.ndarray]:
+        for k, (before, after) in enumerate(zip(state, new_state)):
+            extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = np.asarray(before, np.float32), after
+        if prev is not None:
+            extras[PREV_ACTIONS], extras[PREV_REWARDS] = prev[0], np.asarray(prev[1], np.float32)
+        return extras
+
     @torch.no_grad()
-    def compute_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], explore: bool = True
+    def compute_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], explore: bool = True,
+                                   prev: PrevInputs = None
                                    ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:
         """One step of a recurrent policy for observations ``[B, ...]`` from ``state`` (``[B, ...]`` arrays, one per
         state tensor): ``(actions, extras, new_state)``. The extras are :meth:`compute_actions`'s plus the state
-        acted with (``state_in_<k>``) and the state after (``state_out_<k>``), one row per observation.
+        acted with (``state_in_<k>``) and the state after (``state_out_<k>``), one row per observation, and the
+        previous actions and rewards read (``prev_actions``, ``prev_rewards``) when the model reads them
+        (:attr:`uses_prev_inputs`; ``prev``: the last step's actions and rewards, :meth:`initial_prev_inputs` at
+        an episode's start).
 
         Raises:
             TypeError: the policy's model is not recurrent (use :meth:`compute_actions`).
+            ValueError: a model that reads the previous action or reward, and no ``prev``.
         """
         model = self.model
         if not isinstance(model, RecurrentActorCritic):
             raise TypeError(f"{type(self).__name__}'s model ({type(model).__name__}) carries no state; use "
                             f"compute_actions(obs)")
+        prev = prev if self.uses_prev_inputs else None
         fast = self.numpy_recurrent
         if fast is not None and fast.model is model:  # a few envs per step: numpy beats torch's per-op dispatch
-            actions_np, logp, values_np, dist_np, new_state = fast.compute_actions(obs, state, self.act_random, explore)
+            actions_np, logp, values_np, dist_np, new_state = fast.compute_actions(
+                obs, state, self.act_random, explore, self._prev_numpy(prev))
             extras = {LOGP: logp, VF_PREDS: values_np, ACTION_DIST_INPUTS: dist_np}
-            for k, (before, after) in enumerate(zip(state, new_state)):
-                extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = np.asarray(before, np.float32), after
-            return actions_np, extras, new_state
+            return actions_np, self._recurrent_extras(extras, state, new_state, prev), new_state
         state_t = tuple(torch.as_tensor(s, device=self.device) for s in state)
-        dist_inputs, values, new_state_t = model(self._obs_tensor(obs)[:, None], state_t)
+        dist_inputs, values, new_state_t = model(self._obs_tensor(obs)[:, None], state_t, **self._prev_tensors(prev))
         dist = self.dist_class(dist_inputs[:, 0])
         actions = dist.sample(self.generator) if explore else dist.deterministic_sample()
         new_state = tuple(s.cpu().numpy() for s in new_state_t)
         extras = {LOGP: dist.logp(actions).cpu().numpy(), VF_PREDS: values[:, 0].cpu().numpy(),
                   ACTION_DIST_INPUTS: dist_inputs[:, 0].cpu().numpy()}
-        for k, (before, after) in enumerate(zip(state, new_state)):
-            extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = np.asarray(before, np.float32), after
-        return actions.cpu().numpy(), extras, new_state
+        return actions.cpu().numpy(), self._recurrent_extras(extras, state, new_state, prev), new_state
 
     @torch.no_grad()
-    def value_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]) -> np.ndarray:
-        """``V(obs)`` ``[B]`` of a recurrent policy from the states ``[B, ...]`` it reaches those observations with."""
+    def value_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], prev: PrevInputs = None
+                         ) -> np.ndarray:
+        """``V(obs)`` ``[B]`` of a recurrent policy from the states ``[B, ...]`` it reaches those observations with
+        (and the actions and rewards just before them, for a model that reads them)."""
         model = self.model
         if not isinstance(model, RecurrentActorCritic):
             raise TypeError(f"{type(self).__name__}'s model ({type(model).__name__}) carries no state; use value(obs)")
         state_t = tuple(torch.as_tensor(np.asarray(s, np.float32), device=self.device) for s in state)
-        return model(self._obs_tensor(obs)[:, None], state_t)[1][:, 0].cpu().numpy()  # type: ignore[no-any-return]
+        values = model(self._obs_tensor(obs)[:, None], state_t, **self._prev_tensors(prev))[1]
+        return values[:, 0].cpu().numpy()  # type: ignore[no-any-return]
 
     def sequence_tensors(self, batch: SampleBatch, columns: Sequence[str]) -> TensorBatch:
         """A recurrent policy's learner input: the ``columns`` as row tensors ``[N, ...]`` (the losses read them
@@ -430,6 +496,23 @@ class Policy:
         out[SEQ_MASK] = torch.as_tensor(sequence_mask(lens, max_len), device=self.device)
         for k in range(self.num_state_tensors):
             out[STATE_IN.format(k)] = torch.as_tensor(batch[STATE_IN.format(k)][starts], device=self.device)
+        if self.uses_prev_inputs:  # what the model read at each row, and what it reads after each row's step
+            for key, prev in ((SEQ_PREV, (batch[PREV_ACTIONS], batch[PREV_REWARDS])),
+                              (NEXT_PREV, (batch[ACTIONS], batch[REWARDS]))):
+                actions, rewards = self._prev_arrays(prev)
+                for name, value in (("actions", actions), ("rewards", rewards)):
+                    if value is not None:
+                        rows = pad(value, lens, max_len) if key == SEQ_PREV else value
+                        out[key.format(name)] = torch.as_tensor(rows, device=self.device)
+        return out
+
+    @staticmethod
+    def _prev_kwargs(batch: TensorBatch, key: str, rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        out = {}
+        for name in ("actions", "rewards"):
+            value = batch.get(key.format(name))
+            if value is not None:
+                out[f"prev_{name}"] = value if rows is None else value[rows][:, None]
         return out
 
     def forward_rows(self, batch: TensorBatch, model: torch.nn.Module | None = None
@@ -442,7 +525,7 @@ class Policy:
             return model(batch[OBS])  # type: ignore[no-any-return]
         mask = batch[SEQ_MASK]
         state = tuple(batch[STATE_IN.format(k)] for k in range(self.num_state_tensors))
-        dist_inputs, values, _ = model(batch[SEQ_OBS], state)
+        dist_inputs, values, _ = model(batch[SEQ_OBS], state, **self._prev_kwargs(batch, SEQ_PREV))
         return dist_inputs[mask], values[mask]
 
     def next_values(self, batch: TensorBatch, rows: torch.Tensor) -> torch.Tensor:
@@ -453,7 +536,7 @@ class Policy:
         if not self.is_recurrent:
             return self.model(next_obs)[1]  # type: ignore[no-any-return]
         state = tuple(batch[STATE_OUT.format(k)][rows] for k in range(self.num_state_tensors))
-        return self.model(next_obs[:, None], state)[1][:, 0]  # type: ignore[no-any-return]
+        return self.model(next_obs[:, None], state, **self._prev_kwargs(batch, NEXT_PREV, rows))[1][:, 0]  # type: ignore[no-any-return]
 
     def add_advantages(self, batch: SampleBatch, *, gamma: float, lambda_: float, use_gae: bool = True
                        ) -> SampleBatch:
@@ -461,23 +544,30 @@ class Policy:
         :meth:`value`, or for a recurrent policy :meth:`value_with_state` from the stored ``state_out_<k>``."""
         if not self.is_recurrent:
             return add_advantages(batch, self.value, gamma=gamma, lambda_=lambda_, use_gae=use_gae)
-        outs = [STATE_OUT.format(k) for k in range(self.num_state_tensors)]
-        return add_advantages(batch, self.value_with_state, gamma=gamma, lambda_=lambda_, use_gae=use_gae,
-                              state_columns=outs)
+        k = self.num_state_tensors
+        outs = [STATE_OUT.format(i) for i in range(k)]
+        if not self.uses_prev_inputs:
+            return add_advantages(batch, self.value_with_state, gamma=gamma, lambda_=lambda_, use_gae=use_gae,
+                                  state_columns=outs)
 
-    def sample_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]
+        def value_fn(obs: np.ndarray, columns: tuple[np.ndarray, ...]) -> np.ndarray:  # after a row: its a and r
+            return self.value_with_state(obs, columns[:k], prev=(columns[k], columns[k + 1]))
+
+        return add_advantages(batch, value_fn, gamma=gamma, lambda_=lambda_, use_gae=use_gae,
+                              state_columns=[*outs, ACTIONS, REWARDS])
+
+    def sample_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], prev: PrevInputs = None
                                   ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:
         """:meth:`compute_actions_with_state` (exploring) for a rollout worker's step loop; on the numpy path the
         extras leave ``logp`` to :meth:`complete_fragment`, as :meth:`sample_actions` does."""
         fast = self._deferring_numpy_recurrent()
         if fast is None:
-            return self.compute_actions_with_state(obs, state, True)
-        dist_inputs, values, new_state = fast.step(obs, state)
+            return self.compute_actions_with_state(obs, state, True, prev)
+        prev = prev if self.uses_prev_inputs else None
+        dist_inputs, values, new_state = fast.step(obs, state, self._prev_numpy(prev))
         actions = fast.sample(dist_inputs, self.act_random, True)
         extras = {VF_PREDS: values, ACTION_DIST_INPUTS: dist_inputs}
-        for k, (before, after) in enumerate(zip(state, new_state)):
-            extras[STATE_IN.format(k)], extras[STATE_OUT.format(k)] = before, after
-        return actions, extras, new_state
+        return actions, self._recurrent_extras(extras, state, new_state, prev), new_state
 
     @torch.no_grad()
     def value(self, obs: np.ndarray) -> np.ndarray:

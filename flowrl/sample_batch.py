@@ -25,7 +25,8 @@ __all__ = [
     "SampleBatch", "MultiAgentBatch", "AnyBatch", "DEFAULT_POLICY_ID",
     "OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "LOGP", "ACTION_DIST_INPUTS",
     "VF_PREDS", "ADVANTAGES", "VALUE_TARGETS", "RETURNS", "EPS_ID", "ENV_ID", "AGENT_INDEX", "T",
-    "WEIGHTS", "BATCH_INDEXES", "PRIORITIES", "TD_ERROR", "WEIGHTS_VERSION", "PACK_MAX_BYTES",
+    "WEIGHTS", "BATCH_INDEXES", "PRIORITIES", "TD_ERROR", "WEIGHTS_VERSION", "PACK_MAX_BYTES", "STATE_IN", "STATE_OUT",
+    "PREV_ACTIONS", "PREV_REWARDS",
 ]
 
 DEFAULT_POLICY_ID = "default_policy"
@@ -60,6 +61,11 @@ STATE_IN = "state_in_{}"
 (for an LSTM, ``state_in_0`` holds h and ``state_in_1`` holds c)."""
 STATE_OUT = "state_out_{}"
 """The state after acting, per row (equal to the next row's ``state_in`` within an episode)."""
+PREV_ACTIONS = "prev_actions"
+"""The previous step's action a recurrent model read at this row (``model.lstm_use_prev_action``; zeros at an
+episode's first step)."""
+PREV_REWARDS = "prev_rewards"
+"""The previous step's reward a recurrent model read at this row (``model.lstm_use_prev_reward``)."""
 
 
 def _rng(seed: int | np.random.Generator | None) -> np.random.Generator:

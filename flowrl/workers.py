@@ -33,7 +33,7 @@ from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, Vect
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter, make_filter
 from flowrl.iter import ParallelIteratorWorker
-from flowrl.policy import Policy, flush_denormals, restart_states
+from flowrl.policy import Policy, PrevInputs, flush_denormals, restart_states
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
@@ -165,6 +165,12 @@ class RolloutWorker(ParallelIteratorWorker):
             raise ValueError("a recurrent policy acts in single-agent envs only for now; use a feed-forward model "
                              "for multi-agent policies")
         self._policy_state = tuple(s.copy() for s in self._initial_state)
+        # ... and the previous actions and rewards it reads, when its model reads them (zeros at each episode start)
+        self._initial_prev: PrevInputs = None
+        if isinstance(self.env, VectorEnv):
+            self._initial_prev = self.policy_map[DEFAULT_POLICY_ID].initial_prev_inputs(n)
+        self._prev: PrevInputs = None if self._initial_prev is None else tuple(  # type: ignore[assignment]
+            p.copy() for p in self._initial_prev)
         self._eps_id = np.arange(n, dtype=np.int64) + worker_index * 10**9  # unique per worker
         self._next_eps = int(self._eps_id[-1]) + 1
         self._ep_t = np.zeros(n, dtype=np.int64)
@@ -194,15 +200,19 @@ class RolloutWorker(ParallelIteratorWorker):
         assert isinstance(env, VectorEnv)  # single-agent config, checked in __init__
         obs, actions, rewards, terms, truncs, next_obs = [], [], [], [], [], []
         extras: dict[str, list[np.ndarray]] = {}
-        episodes, obs_filter, state = self._episodes, self.obs_filter, self._policy_state
+        episodes, obs_filter, state, prev = self._episodes, self.obs_filter, self._policy_state, self._prev
         for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
             if state:  # a recurrent policy: it acts from each env's state and returns the next
-                acts, extra, state = policy.sample_actions_with_state(self._obs, state)
+                acts, extra, state = policy.sample_actions_with_state(self._obs, state, prev)
             else:
                 acts, extra = policy.sample_actions(self._obs)
             step = env.step(policy.env_actions(acts))
             if state:  # the next episode of an env that ended starts from the initial state
-                state = restart_states(state, step.terminateds | step.truncateds, self._initial_state)
+                ended = step.terminateds | step.truncateds
+                state = restart_states(state, ended, self._initial_state)
+                if prev is not None:  # (and from no previous action and reward)
+                    prev = restart_states((acts, step.rewards.astype(np.float32)), ended,  # type: ignore[assignment]
+                                          self._initial_prev or ())
             obs.append(self._obs)
             actions.append(acts)
             rewards.append(step.rewards)
@@ -221,7 +231,7 @@ class RolloutWorker(ParallelIteratorWorker):
                 self._obs = final.copy()
                 if reset.any():
                     self._obs[reset] = obs_filter(step.obs[reset])
-        self._policy_state = state
+        self._policy_state, self._prev = state, prev
         columns = {OBS: obs, ACTIONS: actions, REWARDS: rewards, TERMINATEDS: terms, TRUNCATEDS: truncs,
                    NEXT_OBS: next_obs, **extras}
         stacked = {k: _env_major(v) for k, v in columns.items()}
@@ -471,6 +481,8 @@ class RolloutWorker(ParallelIteratorWorker):
                      "env": self.env.get_state(), "next_eps": self._next_eps, "eps_id": self._eps_id.copy(),
                      "ep_t": self._ep_t.copy(), "pending": [[dict(b) for b in per_env] for per_env in self._pending],
                      "policy_state": [s.copy() for s in self._policy_state]}
+            if self._prev is not None:
+                state["prev_inputs"] = [p.copy() for p in self._prev]
             if self.obs_filter is not None:
                 state["obs_filter"] = self.obs_filter.get_state()
             return state
@@ -499,6 +511,13 @@ class RolloutWorker(ParallelIteratorWorker):
                                  f"{[s.shape for s in self._initial_state]}; restore a state saved with the same model "
                                  f"and num_envs_per_worker")
             self._policy_state = tuple(np.array(c, np.float32) for c in carried)
+            if self._initial_prev is not None:
+                if "prev_inputs" not in state:
+                    raise ValueError(f"this worker's model reads the previous action and reward, but the state has "
+                                     f"no 'prev_inputs' (keys {sorted(state)}); restore a state saved with the same "
+                                     f"model")
+                actions, rewards = state["prev_inputs"]
+                self._prev = (np.array(actions, self._initial_prev[0].dtype), np.array(rewards, np.float32))
 
     def apply(self, fn: Callable[[RolloutWorker], R]) -> R:
         """Calls ``fn(self)``: what ``WorkerSet.foreach_worker`` runs on each worker."""

@@ -93,39 +93,48 @@ def test_bad_inputs_are_named() -> None:
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("activation", ["tanh", "relu", "elu"])
 @pytest.mark.parametrize("hidden", [(), (16,), (16, 8)])
+@pytest.mark.parametrize("prev", [(False, False), (True, True), (False, True)], ids=["-", "prev-a-r", "prev-r"])
 def test_the_numpy_mirror_steps_as_the_model_does_and_follows_its_updates(cell: str, activation: str,
-                                                                         hidden: tuple[int, ...]) -> None:
-    """A rollout worker acts through NumpyRecurrent: 12 steps from a random state give the torch model's outputs
-    and states to 1e-5, before and after an optimizer step (which the mirror must see)."""
+                                                                         hidden: tuple[int, ...],
+                                                                         prev: tuple[bool, bool]) -> None:
+    """A rollout worker acts through NumpyRecurrent: 12 steps from a random state (and random previous actions and
+    rewards, for a model that reads them) give the torch model's outputs and states to 1e-5, before and after an
+    optimizer step (which the mirror must see)."""
     from flowrl.models import Categorical, NumpyRecurrent, make_model
 
     torch.manual_seed(0)
-    config = ModelConfig(hidden_sizes=hidden, activation=activation, use_lstm=True, lstm_cell=cell, lstm_cell_size=6)
+    config = ModelConfig(hidden_sizes=hidden, activation=activation, use_lstm=True, lstm_cell=cell, lstm_cell_size=6,
+                         lstm_use_prev_action=prev[0], lstm_use_prev_reward=prev[1])
     model = make_model(gym.spaces.Box(-2, 2, (3,)), gym.spaces.Discrete(3), config)
     fast = NumpyRecurrent.build(model, Categorical)
     assert fast is not None
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(4, 12, 3)).astype(np.float32)
+    prev_a = np.eye(3, dtype=np.float32)[rng.integers(3, size=(4, 12))]
+    prev_r = rng.normal(size=(4, 12)).astype(np.float32)
+    inputs = {k: torch.as_tensor(v) for k, v, used in (("prev_actions", prev_a, prev[0]),
+                                                        ("prev_rewards", prev_r, prev[1])) if used}
     for update in range(2):
         state = tuple(rng.normal(size=(4, 6)).astype(np.float32) for _ in range(2 if cell == "lstm" else 1))
         with torch.no_grad():
-            logits, values, last = model(torch.as_tensor(obs), tuple(torch.as_tensor(s) for s in state))
+            logits, values, last = model(torch.as_tensor(obs), tuple(torch.as_tensor(s) for s in state), **inputs)
         for t in range(12):
-            dist_inputs, value, state = fast.step(obs[:, t], state)
+            parts = [p for p, used in ((prev_a[:, t], prev[0]), (prev_r[:, t, None], prev[1])) if used]
+            dist_inputs, value, state = fast.step(obs[:, t], state, np.concatenate(parts, 1) if parts else None)
             np.testing.assert_allclose(dist_inputs, logits[:, t].numpy(), atol=1e-5)
             np.testing.assert_allclose(value, values[:, t].numpy(), atol=1e-5)
         for ours, theirs in zip(state, last):
             np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-5)
         if update == 0:  # an Adam step (foreach: version counters move), then the mirror must follow
             optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-            model(torch.as_tensor(obs), model.initial_state(4))[0].sum().backward()
+            model(torch.as_tensor(obs), model.initial_state(4), **inputs)[0].sum().backward()
             optimizer.step()
 
 
 def test_no_numpy_mirror_for_what_it_cannot_step_exactly() -> None:
     from flowrl.models import Categorical, NumpyRecurrent
 
-    obs_space = gym.spaces.Box(-1, 1, (3,))
-    with_inputs = RecurrentActorCritic(obs_space, 2, ModelConfig(hidden_sizes=(4,)), cell_size=4, prev_reward=True)
-    assert NumpyRecurrent.build(with_inputs, Categorical) is None
+    images = RecurrentActorCritic(gym.spaces.Box(0, 255, (16, 16, 3), np.uint8), 2,
+                                  ModelConfig(hidden_sizes=(4,), conv_filters=((4, 4, 2),)), cell_size=4)
+    assert NumpyRecurrent.build(images, Categorical) is None  # a CNN encoder: torch acts
     assert NumpyRecurrent.build(torch.nn.Linear(3, 2), Categorical) is None

@@ -50,7 +50,8 @@ from flowrl.iter import LocalIterator
 from flowrl.models import RecurrentActorCritic
 from flowrl.ops import (Concurrently, PadSequences, ParallelRollouts, Replay, StandardMetricsReporting,
                         StoreToReplayBuffer, UpdatePriorities, UpdateTargetNetwork, train_one_step)
-from flowrl.policy import Policy, TensorBatch, column_tensor, load_module_weights, make_adam, module_weights
+from flowrl.policy import (Policy, PrevInputs, TensorBatch, column_tensor, load_module_weights, make_adam,
+                           module_weights)
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, STATE_IN, STATE_OUT, TD_ERROR, TERMINATEDS, WEIGHTS,
                                  SampleBatch, T)
@@ -107,6 +108,10 @@ class R2D2Config(DQNConfig):
         if not self.model.use_lstm:
             raise ValueError("model.use_lstm=False: R2D2 learns a recurrent Q-network; set model.use_lstm=True (or "
                              "use DQN for a feed-forward one)")
+        if self.model.lstm_use_prev_action or self.model.lstm_use_prev_reward:
+            raise ValueError("model.lstm_use_prev_action / lstm_use_prev_reward: R2D2's Q-network does not read the "
+                             "previous action or reward yet; set both to False (PPO, A2C, A3C, IMPALA and APPO read "
+                             "them)")
         if self.burn_in >= seq:
             raise ValueError(f"burn_in={self.burn_in} leaves no step to learn from in sequences of model.max_seq_len="
                              f"{seq}; set burn_in below {seq} (e.g. {seq // 2}) or raise model.max_seq_len")
@@ -246,7 +251,8 @@ class R2D2Policy(Policy):
         return values.unsqueeze(-1) + advantages - advantages.mean(dim=-1, keepdim=True), new_state
 
     @torch.no_grad()
-    def compute_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], explore: bool = True
+    def compute_actions_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], explore: bool = True,
+                                   prev: PrevInputs = None
                                    ) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, ...]]:
         """Epsilon-greedy actions ``[B]`` from ``state``; the extras are the states before and after each step."""
         fast = self.numpy_recurrent
@@ -270,7 +276,8 @@ class R2D2Policy(Policy):
         return actions, extras, new_state
 
     @torch.no_grad()
-    def value_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...]) -> np.ndarray:
+    def value_with_state(self, obs: np.ndarray, state: tuple[np.ndarray, ...], prev: PrevInputs = None
+                         ) -> np.ndarray:
         """``max_a Q(obs, a)`` ``[B]`` from the states ``[B, ...]`` the observations are reached with."""
         state_t = tuple(torch.as_tensor(np.asarray(s, np.float32), device=self.device) for s in state)
         q = self.q_values(self._obs_tensor(obs)[:, None], state_t)[0]
