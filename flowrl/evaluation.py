@@ -35,7 +35,7 @@ import numpy as np
 from flowrl.envs import (EnvContext, EnvSpec, MultiAgentVectorEnv, PolicyMapping, VectorEnv, make_env,
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter
-from flowrl.policy import Policy, restart_states
+from flowrl.policy import AgentStates, Policy, restart_states
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import check_int
 
@@ -171,6 +171,7 @@ def evaluate_multi_agent(policies: Mapping[str, Policy], env: MultiAgentVectorEn
     quota = _quota(episodes, env.num_envs)
     per_env: list[list[tuple[float, int, dict[str, float]]]] = [[] for _ in quota]
     obs = env.reset()
+    agent_states = AgentStates()  # each recurrent agent's state, per env and agent
     while any(len(done) < want for done, want in zip(per_env, quota)):
         by_policy: dict[str, list[tuple[int, str]]] = {}
         for i, agents in enumerate(obs):
@@ -181,11 +182,18 @@ def evaluate_multi_agent(policies: Mapping[str, Policy], env: MultiAgentVectorEn
             if pid not in policies:
                 raise ValueError(f"agent {keys[0][1]!r} maps to policy {pid!r}, which is not among the policies "
                                  f"given ({sorted(policies)})")
-            acts, _ = policies[pid].compute_actions(np.stack([obs[i][aid] for i, aid in keys]), explore=explore)
-            acts = policies[pid].env_actions(acts)
+            policy, agent_obs = policies[pid], np.stack([obs[i][aid] for i, aid in keys])
+            if policy.is_recurrent:
+                state = agent_states.gather(keys, policy.initial_state(1))
+                acts, _, new_state = policy.compute_actions_with_state(agent_obs, state, explore=explore)
+                agent_states.scatter(keys, new_state)
+            else:
+                acts, _ = policy.compute_actions(agent_obs, explore=explore)
+            acts = policy.env_actions(acts)
             for row, (i, aid) in enumerate(keys):
                 actions[i][aid] = acts[row]
         step = env.step(actions)
+        agent_states.after_step(step.terminateds, step.truncateds)
         for ep in step.episodes:
             if len(per_env[ep.env_index]) < quota[ep.env_index]:
                 by_pid: dict[str, list[float]] = {}

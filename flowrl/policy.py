@@ -26,9 +26,9 @@ from flowrl.config import PolicyConfig
 from flowrl.models import (ActionDistribution, NumpyActing, NumpyRecurrent, RecurrentActorCritic, dist_class_for,
                            encode_prev_actions, make_model)
 from flowrl.postprocessing import add_advantages
-from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, PREV_ACTIONS, PREV_REWARDS,
-                                 REWARDS, STATE_IN, STATE_OUT, VF_PREDS, SampleBatch, T)
-from flowrl.sequences import pad, sequence_lengths, sequence_mask, sequence_starts
+from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, LOGP, NEXT_OBS, OBS, PREV_ACTIONS, PREV_REWARDS, REWARDS,
+                                 STATE_IN, STATE_OUT, VF_PREDS, SampleBatch)
+from flowrl.sequences import batch_sequence_lengths, pad, sequence_mask, sequence_starts
 
 #: the keys of :meth:`Policy.sequence_tensors` that hold the padded observations and their mask
 SEQ_OBS, SEQ_MASK = "_seq_obs", "_seq_mask"
@@ -38,7 +38,7 @@ SEQ_PREV, NEXT_PREV = "_seq_prev_{}", "_next_prev_{}"
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data",
            "env_action_map", "flush_denormals", "denormals_flushed_now", "module_weights", "load_module_weights",
-           "restart_states"]
+           "restart_states", "AgentStates", "PrevInputs"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -232,6 +232,63 @@ def restart_states(state: tuple[np.ndarray, ...], ended: np.ndarray,
     if not ended.any():
         return state
     return tuple(np.where(ended.reshape(-1, *[1] * (s.ndim - 1)), s0, s) for s, s0 in zip(state, start))
+
+
+class AgentStates:
+    """The recurrent states of the agents of a multi-agent vector env, one per ``(env index, agent id)``: an agent
+    acting for the first time in an episode starts from its policy's initial state.
+
+    Examples:
+        >>> states = AgentStates()
+        >>> zeros = (np.zeros((1, 2), np.float32),)
+        >>> states.gather([(0, "a"), (1, "a")], zeros)[0].shape
+        (2, 2)
+        >>> states.scatter([(0, "a"), (1, "a")], (np.ones((2, 2), np.float32),))
+        >>> states.end(env_index=0)  # env 0's episode ended: its agents start over
+        >>> states.gather([(0, "a"), (1, "a")], zeros)[0].tolist()
+        [[0.0, 0.0], [1.0, 1.0]]
+    """
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[int, Any], tuple[np.ndarray, ...]] = {}
+
+    def gather(self, keys: Sequence[tuple[int, Any]], initial: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """The states ``[len(keys), ...]`` of the agents ``keys``; ``initial`` (a policy's ``initial_state(1)``)
+        for an agent without one."""
+        start = tuple(s[0] for s in initial)
+        rows = [self.states.get(key, start) for key in keys]
+        return tuple(np.stack([row[j] for row in rows]) for j in range(len(initial)))
+
+    def scatter(self, keys: Sequence[tuple[int, Any]], new_state: tuple[np.ndarray, ...]) -> None:
+        """Keeps row ``r`` of ``new_state`` as agent ``keys[r]``'s state."""
+        for row, key in enumerate(keys):
+            self.states[key] = tuple(np.array(s[row]) for s in new_state)
+
+    def end(self, env_index: int, agent: Any = None) -> None:
+        """Forgets an agent's state (its part of the episode is over), or every agent's of the env."""
+        if agent is not None:
+            self.states.pop((env_index, agent), None)
+        else:
+            for key in [k for k in self.states if k[0] == env_index]:
+                del self.states[key]
+
+    def after_step(self, terminateds: Sequence[Mapping[Any, bool]], truncateds: Sequence[Mapping[Any, bool]]) -> None:
+        """Forgets, after a vector step, the states of every agent of an env whose episode ended (``"__all__"``)
+        and of each agent whose own part ended."""
+        for i, (terms, truncs) in enumerate(zip(terminateds, truncateds)):
+            if terms.get("__all__", False) or truncs.get("__all__", False):
+                self.end(i)
+                continue
+            for aid in {*terms, *truncs} - {"__all__"}:
+                if terms.get(aid, False) or truncs.get(aid, False):
+                    self.end(i, aid)
+
+    def get_state(self) -> list[list[Any]]:
+        """The states as plain data: ``[[env index, agent id, [arrays]], ...]``."""
+        return [[i, aid, [s.copy() for s in state]] for (i, aid), state in self.states.items()]
+
+    def set_state(self, data: Sequence[Sequence[Any]]) -> None:
+        self.states = {(int(i), aid): tuple(np.array(s, np.float32) for s in state) for i, aid, state in data}
 
 
 class Policy:
@@ -489,7 +546,7 @@ class Policy:
         ``[S, T]``, whose True entries in row-major order are the batch's rows in order) and each sequence's
         initial state (``state_in_<k>`` ``[S, ...]``, read at its first row)."""
         max_len = self.config.model.max_seq_len
-        lens = sequence_lengths(batch[EPS_ID], batch[T], max_len)
+        lens = batch_sequence_lengths(batch, max_len)
         starts = sequence_starts(lens)
         out = {k: column_tensor(batch[k], self.device) for k in columns if k in batch}
         out[SEQ_OBS] = torch.as_tensor(pad(batch[OBS], lens, max_len), device=self.device)

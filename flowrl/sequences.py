@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from flowrl.sample_batch import EPS_ID, STATE_OUT, T, SampleBatch
+from flowrl.sample_batch import AGENT_INDEX, EPS_ID, STATE_OUT, T, SampleBatch
 
 __all__ = ["sequence_lengths", "sequence_starts", "sequence_mask", "pad", "unpad", "shuffled_sequence_minibatches",
-           "pad_batch", "SEQ_VALID"]
+           "pad_batch", "batch_sequence_lengths", "SEQ_VALID"]
 
 SEQ_VALID = "seq_valid"
 """The column of a :func:`pad_batch` batch that is True at a sequence's real rows and False at its padding."""
@@ -81,6 +81,22 @@ def sequence_lengths(eps_id: npt.ArrayLike, t: npt.ArrayLike, max_seq_len: int) 
     has_rest = rest > 0
     lengths[ends[has_rest]] = rest[has_rest]
     return lengths
+
+
+def batch_sequence_lengths(batch: SampleBatch, max_seq_len: int) -> npt.NDArray[np.int64]:
+    """:func:`sequence_lengths` of a batch's rows: by ``eps_id`` and ``t``, and in a multi-agent batch (an
+    ``agent_index`` column) also by agent, since the agents of one episode share its id and timesteps.
+
+    Examples:
+        >>> batch = SampleBatch({EPS_ID: [4, 4, 4, 4], T: [0, 1, 2, 3], AGENT_INDEX: [0, 0, 1, 1]})
+        >>> batch_sequence_lengths(batch, 10).tolist()  # agent 1's rows at t = 2, 3 are not agent 0's
+        [2, 2]
+    """
+    eps = np.asarray(batch[EPS_ID])
+    if AGENT_INDEX in batch and len(eps):  # a new id at every change of episode or agent
+        agents = np.asarray(batch[AGENT_INDEX])
+        eps = np.concatenate([[0], np.cumsum((eps[1:] != eps[:-1]) | (agents[1:] != agents[:-1]))])
+    return sequence_lengths(eps, batch[T], max_seq_len)
 
 
 def sequence_starts(seq_lens: npt.ArrayLike) -> npt.NDArray[np.int64]:
@@ -203,7 +219,7 @@ def pad_batch(batch: SampleBatch, max_seq_len: int) -> SampleBatch:
     if EPS_ID not in batch or T not in batch:
         raise ValueError(f"pad_batch needs the {EPS_ID!r} and {T!r} columns to find sequences; the batch has "
                          f"{sorted(batch.keys())}")
-    lens = sequence_lengths(batch[EPS_ID], batch[T], max_seq_len)
+    lens = batch_sequence_lengths(batch, max_seq_len)
     mask = sequence_mask(lens, max_seq_len).reshape(-1)
     drop = {STATE_OUT.format(k) for k in range(len(batch.keys()))}
     out = {}

@@ -33,7 +33,7 @@ from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, Vect
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter, make_filter
 from flowrl.iter import ParallelIteratorWorker
-from flowrl.policy import Policy, PrevInputs, flush_denormals, restart_states
+from flowrl.policy import AgentStates, Policy, PrevInputs, flush_denormals, restart_states
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
@@ -161,9 +161,10 @@ class RolloutWorker(ParallelIteratorWorker):
         self._initial_state: tuple[np.ndarray, ...] = ()
         if isinstance(self.env, VectorEnv):
             self._initial_state = self.policy_map[DEFAULT_POLICY_ID].initial_state(n)
-        elif any(p.is_recurrent for p in self.policy_map.values()):
-            raise ValueError("a recurrent policy acts in single-agent envs only for now; use a feed-forward model "
-                             "for multi-agent policies")
+        elif any(p.uses_prev_inputs for p in self.policy_map.values()):
+            raise ValueError("model.lstm_use_prev_action / lstm_use_prev_reward: multi-agent workers do not feed the "
+                             "previous action or reward yet; set both to False for multi-agent policies")
+        self._agent_states = AgentStates()  # multi-agent: each recurrent agent's state, per env and agent
         self._policy_state = tuple(s.copy() for s in self._initial_state)
         # ... and the previous actions and rewards it reads, when its model reads them (zeros at each episode start)
         self._initial_prev: PrevInputs = None
@@ -310,8 +311,14 @@ class RolloutWorker(ParallelIteratorWorker):
             env_actions: list[dict[str, Any]] = [{} for _ in self._obs]  # as the env takes them
             extras: dict[tuple[int, str], dict[str, Any]] = {}
             for pid, keys in by_policy.items():
-                acts, extra = self.policy_map[pid].compute_actions(np.stack([self._obs[i][a] for i, a in keys]))
-                env_acts = self.policy_map[pid].env_actions(acts)
+                policy, agent_obs = self.policy_map[pid], np.stack([self._obs[i][a] for i, a in keys])
+                if policy.is_recurrent:  # each agent acts from its own state
+                    state = self._agent_states.gather(keys, policy.initial_state(1))
+                    acts, extra, new_state = policy.compute_actions_with_state(agent_obs, state)
+                    self._agent_states.scatter(keys, new_state)
+                else:
+                    acts, extra = policy.compute_actions(agent_obs)
+                env_acts = policy.env_actions(acts)
                 for row, (i, aid) in enumerate(keys):
                     actions[i][aid] = acts[row]
                     env_actions[i][aid] = env_acts[row]
@@ -335,6 +342,7 @@ class RolloutWorker(ParallelIteratorWorker):
                 if ended:
                     self._eps_id[i], self._ep_t[i] = self._next_eps, 0
                     self._next_eps += 1
+            self._agent_states.after_step(step.terminateds, step.truncateds)
             self._episodes.extend(step.episodes)
             self._obs = [obs if step.terminateds[i]["__all__"] or step.truncateds[i]["__all__"] else
                          {a: o for a, o in obs.items()  # an agent that just finished acts no more
@@ -483,6 +491,8 @@ class RolloutWorker(ParallelIteratorWorker):
                      "policy_state": [s.copy() for s in self._policy_state]}
             if self._prev is not None:
                 state["prev_inputs"] = [p.copy() for p in self._prev]
+            if self._agent_states.states:
+                state["agent_states"] = self._agent_states.get_state()
             if self.obs_filter is not None:
                 state["obs_filter"] = self.obs_filter.get_state()
             return state
@@ -511,6 +521,7 @@ class RolloutWorker(ParallelIteratorWorker):
                                  f"{[s.shape for s in self._initial_state]}; restore a state saved with the same model "
                                  f"and num_envs_per_worker")
             self._policy_state = tuple(np.array(c, np.float32) for c in carried)
+            self._agent_states.set_state(state.get("agent_states", []))
             if self._initial_prev is not None:
                 if "prev_inputs" not in state:
                     raise ValueError(f"this worker's model reads the previous action and reward, but the state has "

@@ -32,8 +32,8 @@ from flowrl.ops._common import (LearnerInfo, check_batch, check_workers, record_
                                 staleness_info, tree_mean, weight_update_vars)
 from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy, flush_denormals
 from flowrl.metrics import Summary
-from flowrl.sample_batch import EPS_ID, AnyBatch, MultiAgentBatch, SampleBatch, T
-from flowrl.sequences import sequence_lengths, shuffled_sequence_minibatches
+from flowrl.sample_batch import AnyBatch, MultiAgentBatch, SampleBatch
+from flowrl.sequences import batch_sequence_lengths, shuffled_sequence_minibatches
 from flowrl.validation import check_int, check_number
 from flowrl.workers import WorkerSet
 
@@ -78,7 +78,7 @@ def _minibatches(policy: Any, part: SampleBatch, size: int, rng: np.random.Gener
     if not getattr(policy, "is_recurrent", False):
         yield from part.minibatches(size, seed=rng, shuffle=True)
         return
-    lens = sequence_lengths(part[EPS_ID], part[T], policy.config.model.max_seq_len)
+    lens = batch_sequence_lengths(part, policy.config.model.max_seq_len)
     for rows, _ in shuffled_sequence_minibatches(lens, size, rng):
         yield part.rows(rows)
 
