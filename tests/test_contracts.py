@@ -68,9 +68,10 @@ def test_flowrl_ops_exports_its_family_modules_names() -> None:
     for family in families:
         for name in family.__all__:
             assert getattr(flowrl.ops, name) is getattr(family, name)
-    # the names it exported when the list was written by hand, plus aggregation's aggregator_groups
+    # the names it exported when the list was written by hand, plus aggregation's aggregator_groups and the
+    # sequence layout of R2D2's replay (PadSequences)
     assert sorted(flowrl.ops.__all__) == sorted([
-        "ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields",
+        "ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields", "PadSequences",
         "TrainOneStep", "train_one_step", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep",
         "ComputeGradients", "ApplyGradients", "AverageGradients", "UpdateTargetNetwork", "UpdateWorkerWeights",
         "BroadcastUpdateLearnerWeights", "RecordLearnerOutput", "UpdateTargetAndKL",
