@@ -35,7 +35,7 @@ import numpy as np
 from flowrl.envs import (EnvContext, EnvSpec, MultiAgentVectorEnv, PolicyMapping, VectorEnv, make_env,
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter
-from flowrl.policy import AgentStates, Policy, restart_states
+from flowrl.policy import AgentStates, Policy, next_prev_inputs, restart_states
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import check_int
 
@@ -128,9 +128,7 @@ def evaluate_policy(policy: Policy, env: VectorEnv, *, episodes: int, explore: b
         if state:
             ended = step.terminateds | step.truncateds
             state = restart_states(state, ended, start)
-            if prev_start is not None:
-                prev = restart_states((actions, step.rewards.astype(np.float32)), ended,  # type: ignore[assignment]
-                                      prev_start)
+            prev = next_prev_inputs(actions, step.rewards, ended, prev_start)
         for ep in step.episodes:
             if len(per_env[ep.env_index]) < quota[ep.env_index]:
                 per_env[ep.env_index].append((float(ep.episode_return), int(ep.episode_length)))

@@ -38,7 +38,7 @@ SEQ_PREV, NEXT_PREV = "_seq_prev_{}", "_next_prev_{}"
 
 __all__ = ["PolicyConfig", "Policy", "TensorBatch", "column_tensor", "make_adam", "space_to_data", "space_from_data",
            "env_action_map", "flush_denormals", "denormals_flushed_now", "module_weights", "load_module_weights",
-           "restart_states", "AgentStates", "PrevInputs"]
+           "restart_states", "next_prev_inputs", "AgentStates", "PrevInputs"]
 
 TensorBatch = dict[str, torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -232,6 +232,23 @@ def restart_states(state: tuple[np.ndarray, ...], ended: np.ndarray,
     if not ended.any():
         return state
     return tuple(np.where(ended.reshape(-1, *[1] * (s.ndim - 1)), s0, s) for s, s0 in zip(state, start))
+
+
+def next_prev_inputs(actions: np.ndarray, rewards: np.ndarray, ended: np.ndarray, start: PrevInputs) -> PrevInputs:
+    """The previous inputs of a recurrent policy's next step: this step's ``actions`` and ``rewards``, back at
+    ``start`` (:meth:`Policy.initial_prev_inputs`) for the envs whose episode ``ended``; ``None`` for a model that
+    reads neither (``start`` is ``None``).
+
+    Examples:
+        >>> start = (np.zeros(2, np.int64), np.zeros(2, np.float32))
+        >>> [x.tolist() for x in next_prev_inputs(np.array([1, 1]), np.array([0.5, 2.0]), np.array([False, True]),
+        ...                                       start)]
+        [[1, 0], [0.5, 0.0]]
+    """
+    if start is None:
+        return None
+    actions, rewards = restart_states((actions, np.asarray(rewards, np.float32)), ended, start)
+    return actions, rewards
 
 
 class AgentStates:
@@ -457,7 +474,7 @@ class Policy:
         """The encoded previous actions ``[B, D]`` and rewards ``[B]`` (float32) the model reads, ``None`` for what
         it does not read."""
         model = self.model
-        if not isinstance(model, RecurrentActorCritic) or not (model.prev_action_dim or model.prev_reward):
+        if not self.uses_prev_inputs or not isinstance(model, RecurrentActorCritic):
             return None, None
         if prev is None:
             raise ValueError(f"{type(self).__name__}'s model reads the previous action or reward "

@@ -221,10 +221,10 @@ def pad_batch(batch: SampleBatch, max_seq_len: int) -> SampleBatch:
                          f"{sorted(batch.keys())}")
     lens = batch_sequence_lengths(batch, max_seq_len)
     mask = sequence_mask(lens, max_seq_len).reshape(-1)
-    drop = {STATE_OUT.format(k) for k in range(len(batch.keys()))}
+    dropped = STATE_OUT.format("")  # the prefix of every state_out_<k> column
     out = {}
     for key, column in batch.items():
-        if key in drop:
+        if key.startswith(dropped):
             continue
         padded = np.zeros((len(mask), *column.shape[1:]), column.dtype)
         padded[mask] = column

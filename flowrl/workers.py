@@ -33,7 +33,7 @@ from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, Vect
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter, make_filter
 from flowrl.iter import ParallelIteratorWorker
-from flowrl.policy import AgentStates, Policy, PrevInputs, flush_denormals, restart_states
+from flowrl.policy import AgentStates, Policy, PrevInputs, flush_denormals, next_prev_inputs, restart_states
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
 
@@ -158,20 +158,18 @@ class RolloutWorker(ParallelIteratorWorker):
         if self.obs_filter is not None:
             self._obs = self.obs_filter(np.asarray(self._obs))
         # a recurrent policy's state per env (``()`` for a feed-forward one), and the state an episode starts from
+        # and the previous actions and rewards it reads, when its model reads them (zeros at each episode start)
         self._initial_state: tuple[np.ndarray, ...] = ()
+        self._initial_prev: PrevInputs = None
         if isinstance(self.env, VectorEnv):
             self._initial_state = self.policy_map[DEFAULT_POLICY_ID].initial_state(n)
+            self._initial_prev = self.policy_map[DEFAULT_POLICY_ID].initial_prev_inputs(n)
         elif any(p.uses_prev_inputs for p in self.policy_map.values()):
             raise ValueError("model.lstm_use_prev_action / lstm_use_prev_reward: multi-agent workers do not feed the "
                              "previous action or reward yet; set both to False for multi-agent policies")
         self._agent_states = AgentStates()  # multi-agent: each recurrent agent's state, per env and agent
         self._policy_state = tuple(s.copy() for s in self._initial_state)
-        # ... and the previous actions and rewards it reads, when its model reads them (zeros at each episode start)
-        self._initial_prev: PrevInputs = None
-        if isinstance(self.env, VectorEnv):
-            self._initial_prev = self.policy_map[DEFAULT_POLICY_ID].initial_prev_inputs(n)
-        self._prev: PrevInputs = None if self._initial_prev is None else tuple(  # type: ignore[assignment]
-            p.copy() for p in self._initial_prev)
+        self._prev = self._initial_prev  # replaced, never written in place
         self._eps_id = np.arange(n, dtype=np.int64) + worker_index * 10**9  # unique per worker
         self._next_eps = int(self._eps_id[-1]) + 1
         self._ep_t = np.zeros(n, dtype=np.int64)
@@ -211,9 +209,7 @@ class RolloutWorker(ParallelIteratorWorker):
             if state:  # the next episode of an env that ended starts from the initial state
                 ended = step.terminateds | step.truncateds
                 state = restart_states(state, ended, self._initial_state)
-                if prev is not None:  # (and from no previous action and reward)
-                    prev = restart_states((acts, step.rewards.astype(np.float32)), ended,  # type: ignore[assignment]
-                                          self._initial_prev or ())
+                prev = next_prev_inputs(acts, step.rewards, ended, self._initial_prev)  # (and no previous a, r)
             obs.append(self._obs)
             actions.append(acts)
             rewards.append(step.rewards)

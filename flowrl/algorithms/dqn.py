@@ -93,10 +93,11 @@ class DQNConfig(OffPolicyConfig):
         return self.initial_epsilon + (self.final_epsilon - self.initial_epsilon) * timestep / self.epsilon_timesteps
 
 
-def plan(workers: WorkerSet, config: OffPolicyConfig, *,
-         replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
+def plan(workers: WorkerSet, config: OffPolicyConfig, *, replay_buffer: LocalReplayBuffer | None = None,
+         store_as: Callable[[AnyBatch], AnyBatch] | None = None) -> LocalIterator[dict[str, Any]]:
     """DQN: (1) store lockstep rollouts; (2) replay, train + broadcast, update priorities and
-    the target network; round robin by training intensity, emitting (2); report. DDPG, TD3 and SAC run it too.
+    the target network; round robin by training intensity, emitting (2); report. DDPG, TD3 and SAC run it too;
+    R2D2 with ``store_as``, an operator each rollout goes through before it is stored (``PadSequences``).
 
     Examples:
         >>> config = DQNConfig(seed=0, learning_starts=64, timesteps_per_iteration=100, min_iter_time_s=0)
@@ -113,7 +114,10 @@ def plan(workers: WorkerSet, config: OffPolicyConfig, *,
     """
     buf = replay_buffer if replay_buffer is not None else make_replay_buffer(config)
     # (1) store rollouts
-    store_op = ParallelRollouts(workers, mode="bulk_sync").for_each(StoreToReplayBuffer(local_buffer=buf))
+    rollouts = ParallelRollouts(workers, mode="bulk_sync")
+    if store_as is not None:
+        rollouts = rollouts.for_each(store_as)
+    store_op = rollouts.for_each(StoreToReplayBuffer(local_buffer=buf))
     # (2) replay into the learner
     replay_op = Replay(local_buffer=buf)
     if (hook := config.before_learn_on_batch) is not None:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flowrl.algorithms import Algorithm
+from flowrl.algorithms import Algorithm, dqn
 from flowrl.algorithms.apex import set_worker_exploration
 from flowrl.algorithms.dqn import DQNConfig, make_replay_buffer
 from flowrl.config import ModelConfig, PolicyConfig
@@ -48,8 +48,7 @@ from flowrl.envs.base import EnvSpec
 from flowrl.envs.memory import STATELESS_CARTPOLE
 from flowrl.iter import LocalIterator
 from flowrl.models import RecurrentActorCritic
-from flowrl.ops import (Concurrently, PadSequences, ParallelRollouts, Replay, StandardMetricsReporting,
-                        StoreToReplayBuffer, UpdatePriorities, UpdateTargetNetwork, train_one_step)
+from flowrl.ops import PadSequences
 from flowrl.policy import (Policy, PrevInputs, TensorBatch, column_tensor, load_module_weights, make_adam,
                            module_weights)
 from flowrl.replay_buffers import LocalReplayBuffer
@@ -139,8 +138,8 @@ class R2D2Config(DQNConfig):
 
 def plan(workers: WorkerSet, config: R2D2Config, *,
          replay_buffer: LocalReplayBuffer | None = None) -> LocalIterator[dict[str, Any]]:
-    """R2D2: (1) store lockstep rollouts as padded sequences; (2) replay sequences, train +
-    broadcast, update priorities and the target network; round robin, emitting (2); report.
+    """R2D2: DQN's plan whose rollouts are stored as padded sequences: (1) store lockstep rollouts
+    as sequences; (2) replay sequences, train + broadcast, update priorities and the target network; report.
 
     Examples:
         >>> config = R2D2Config(seed=0, learning_starts=100, timesteps_per_iteration=100)
@@ -157,18 +156,7 @@ def plan(workers: WorkerSet, config: R2D2Config, *,
     if config.num_workers > 0:
         set_worker_exploration(workers, config)  # Ape-X's epsilon per worker
     buf = replay_buffer if replay_buffer is not None else make_owned_state(config)["replay_buffer"]
-    # (1) store rollouts as whole sequences
-    store_op = (ParallelRollouts(workers, mode="bulk_sync")
-                .for_each(PadSequences(config.model.max_seq_len))
-                .for_each(StoreToReplayBuffer(local_buffer=buf)))
-    # (2) replay sequences into the learner
-    train_op: LocalIterator[Any] = Replay(local_buffer=buf).for_each(train_one_step(workers, config))
-    if config.prioritized_replay:
-        train_op = train_op.for_each(UpdatePriorities(buf))
-    train_op = train_op.for_each(UpdateTargetNetwork(workers, config.target_network_update_freq))
-    rounds = Concurrently([store_op, train_op], mode="round_robin", output_indexes=[1],
-                          round_robin_weights=config.round_robin_weights)
-    return StandardMetricsReporting(rounds, workers, config)
+    return dqn.plan(workers, config, replay_buffer=buf, store_as=PadSequences(config.model.max_seq_len))
 
 
 def make_owned_state(config: R2D2Config) -> dict[str, Any]:
@@ -360,10 +348,10 @@ class R2D2Policy(Policy):
         for k in range(cfg.n_step):
             returns += (cfg.gamma ** k) * padded[:, k:k + steps] * (k < window)
         boot = (t + window).clamp(max=steps)  # the input position each window bootstraps from
-        greedy = q.gather(1, boot.unsqueeze(2).expand(-1, -1, q.shape[2])).argmax(dim=2, keepdim=True)
-        if not cfg.double_q:
-            greedy = target_q.gather(1, boot.unsqueeze(2).expand(-1, -1, q.shape[2])).argmax(dim=2, keepdim=True)
-        next_q = target_q.gather(1, boot.unsqueeze(2).expand(-1, -1, q.shape[2])).gather(2, greedy).squeeze(2)
+        at_boot = boot.unsqueeze(2).expand(-1, -1, q.shape[2])
+        target_at_boot = target_q.gather(1, at_boot)  # [B, T, A]
+        greedy = (q.gather(1, at_boot) if cfg.double_q else target_at_boot).argmax(dim=2, keepdim=True)
+        next_q = target_at_boot.gather(2, greedy).squeeze(2)
         rows = torch.arange(rewards.shape[0], device=rewards.device)
         terminated = seq(batch[TERMINATEDS]).bool()[rows, lens - 1]
         ends = (boot == lens[:, None]) & terminated[:, None]  # a window through the terminal step: no bootstrap
