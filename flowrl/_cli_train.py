@@ -156,15 +156,16 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
     built; joining a cluster fits it again to the cluster's. A chosen one is kept, with one line when it asks
     for more CPUs than this machine has (the local Ray instance is then given enough logical CPUs to hold it).
     """
-    from flowrl import runtime
+    from flowrl import executor, runtime
     from flowrl.config import available_cpus
     from flowrl.trainer import Trainer
 
-    if address is None and config.num_workers * config.num_cpus_per_worker > (os.cpu_count() or 1):
+    local = config.executor == "local"
+    if not local and address is None and config.num_workers * config.num_cpus_per_worker > (os.cpu_count() or 1):
         click.echo(f"num_workers={config.num_workers} (x {config.num_cpus_per_worker:g} CPU each) is more than this "
                    f"machine's {os.cpu_count() or 1} CPUs: kept as set, the workers share the cores; lower "
                    f"num_workers for less contention", err=True)
-    if address is not None or config.num_workers:
+    if not local and (address is not None or config.num_workers):
         try:
             runtime.init(address, num_cpus=None if address is not None else _local_cpus(config))
         except ConnectionError as e:
@@ -179,7 +180,8 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
                 config = dataclasses.replace(config, num_workers=fitted)
     try:
         if checkpoint is not None:  # `config` is the checkpoint's, its env already named as _resume_config asks
-            return Trainer.from_checkpoint(checkpoint, env=config.env if isinstance(config.env, str) else None)
+            with executor.using(config.executor):  # (--local on a resume: the saved config says how it ran)
+                return Trainer.from_checkpoint(checkpoint, env=config.env if isinstance(config.env, str) else None)
         return Trainer(algorithm, config)
     except ValueError as e:  # an unknown env id, GPUs or workers the machine cannot hold
         raise click.UsageError(str(e)) from None

@@ -172,10 +172,13 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
               help="Apply the tuned preset for ALGO on the env, where one exists (see flowrl/presets.py and the "
                    "README's table); --config values win over it.")
+@click.option("--local", "local", is_flag=True,
+              help="Run every worker and actor in this process, with no Ray (executor=local): deterministic, and a "
+                   "breakpoint() in an env, a loss or an operator stops here. Also on --resume.")
 def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward: float | None,
           stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
           checkpoint_freq: int, resume: Path | None, log_dir: Path | None, seed: int | None,
-          address: str | None, tuned: bool) -> None:
+          address: str | None, tuned: bool, local: bool) -> None:
     """Train ALGO (a registered algorithm, see `flowrl algorithms`) until a stop criterion is met.
 
     Logs go to the run directory (progress.csv, result.json, tb/), checkpoints to RUN_DIR/checkpoints,
@@ -198,7 +201,12 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
         items, note = _with_preset(algorithm, env, items, tuned=tuned)
     elif tuned:
         raise click.BadParameter("a resumed run keeps its saved config; drop --tuned", param_hint="'--tuned'")
+    if local and address is not None:
+        raise click.UsageError("--local runs everything in this process; it cannot join a cluster: drop --local or "
+                               "--address")
     config, checkpoint = _config_and_checkpoint(algorithm, items, resume)
+    if local:  # how it runs, not what it learns: a resumed run may change it
+        config = dataclasses.replace(config, executor="local")
     if note is not None:
         click.echo(note, err=True)
     run_dir = _run_dir(log_dir, checkpoint, algorithm, config)

@@ -296,6 +296,11 @@ class RolloutConfig(PolicyConfig):
             through the denormal range: a SAC step on Pendulum spent about 1/7 of its time there. The thread's
             floating-point mode is restored after each call, so code outside learning (the user's, in the same
             process) sees IEEE denormals as usual. ``False``: learning leaves the mode as it is.
+        executor: ``"ray"`` runs the remote workers (and a plan's other actors: replay shards, aggregators) as Ray
+            actors; ``"local"`` runs every one of them in this process with no Ray started (:mod:`flowrl.executor`):
+            remote calls run one at a time in a fixed order and learner threads become steps of the driver, so a
+            run is deterministic, a ``breakpoint()`` in an env, a loss or an operator stops in this process, and a
+            synchronous plan gives the same weights and counters as under ``"ray"`` with the same seed.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -315,9 +320,13 @@ class RolloutConfig(PolicyConfig):
                                              "worker's sample; None waits forever")
     observation_filter: ObservationFilterName = "NoFilter"
     flush_denormal: bool = True
+    executor: Literal["ray", "local"] = "ray"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.executor not in ("ray", "local"):
+            raise ValueError(f"executor={self.executor!r}; use 'ray' (remote workers are Ray actors) or 'local' "
+                             f"(every actor runs in this process, for debugging and deterministic runs)")
         if self.policies is not None:
             if not self.policies or not all(isinstance(v, PolicySpec) for v in self.policies.values()):
                 raise ValueError(f"policies={self.policies!r} must map policy ids to PolicySpec(...) entries")

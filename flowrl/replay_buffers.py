@@ -38,7 +38,7 @@ from typing import Any, Iterator, Literal, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from flowrl import runtime  # first: sets Ray's loopback variable before anything imports ray
+from flowrl import executor, runtime  # first: sets Ray's loopback variable before anything imports ray
 from flowrl.iter import ParallelIteratorWorker
 from flowrl.replay_storage import (PrioritizedReplayBuffer, ReplayBuffer, SimpleReplayBuffer, check_batch_arg,
                                    check_seed, restored_rng)
@@ -46,10 +46,6 @@ from flowrl.sample_batch import EPS_ID, PRIORITIES, T, AnyBatch, MultiAgentBatch
 from flowrl.sample_batch import BATCH_INDEXES, DEFAULT_POLICY_ID, OBS, REWARDS  # noqa: F401  (the examples use them)
 from flowrl.segment_tree import FloatArray, MinSegmentTree, SegmentTree, SumSegmentTree
 from flowrl.validation import check_int, check_number
-
-import ray  # noqa: E402  (after flowrl.runtime, which sets Ray's environment first)
-from ray.actor import ActorHandle  # noqa: E402
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 __all__ = [
     "SegmentTree", "SumSegmentTree", "MinSegmentTree",
@@ -454,16 +450,13 @@ class ReplayShard(LocalReplayBuffer, ParallelIteratorWorker):
         return "ok"
 
 
-# Typed as Any: Ray's stubs do not model .options(...).remote(...) on an actor class.
-_RemoteReplayShard: Any = ray.remote(ReplayShard)
-
-
 def make_replay_shards(num_shards: int, /, *, colocated_with_driver: bool = False,
                        shard_indices: Sequence[int] | None = None,
-                       **buffer_kwargs: Any) -> list[ActorHandle[ReplayShard]]:
+                       **buffer_kwargs: Any) -> list[Any]:
     """Starts ``num_shards`` replay shards with ``num_cpus=0``, sharing ``learning_starts`` and ``capacity``.
 
-    Each shard is a :class:`ReplayShard` actor with this ``num_shards``, so it holds
+    Each shard is a :class:`ReplayShard` actor (a Ray actor, or a local one under the local executor:
+    :mod:`flowrl.executor`) with this ``num_shards``, so it holds
     ``learning_starts // num_shards`` and ``capacity // num_shards``. Both placements go through
     this one creation path: pinned to the driver's node by node affinity, or placed freely by Ray.
     The arguments are checked in the driver first, so a bad one raises here rather than killing the
@@ -483,8 +476,8 @@ def make_replay_shards(num_shards: int, /, *, colocated_with_driver: bool = Fals
 
     Examples:
         >>> [shard] = make_replay_shards(1, learning_starts=0, capacity=10, seed=0)
-        >>> ray.get(shard.add_batch.remote(SampleBatch({OBS: [1.0, 2.0]})))
-        >>> ray.get(shard.replay.remote()).count
+        >>> executor.get(shard.add_batch.remote(SampleBatch({OBS: [1.0, 2.0]})))
+        >>> executor.get(shard.replay.remote()).count
         1
     """
     check_int("num_shards", num_shards, 1, "replay shard actors to start")
@@ -503,13 +496,8 @@ def make_replay_shards(num_shards: int, /, *, colocated_with_driver: bool = Fals
     if seed is not None:
         seeds = [int(s.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
                  for s in np.random.SeedSequence(seed).spawn(num_shards)]
-    runtime.ensure_initialized()
-    extra: dict[str, Any] = {}
-    if colocated_with_driver:
-        extra["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-            node_id=ray.get_runtime_context().get_node_id(), soft=False)
-    options = runtime.actor_options(num_cpus=0, **extra)
-    return [_RemoteReplayShard.options(**options).remote(num_shards=num_shards, seed=seeds[i], **buffer_kwargs)
+    options = runtime.actor_options(num_cpus=0, **(executor.node_affinity_options() if colocated_with_driver else {}))
+    return [executor.create_actor(ReplayShard, options=options, num_shards=num_shards, seed=seeds[i], **buffer_kwargs)
             for i in indices]
 
 

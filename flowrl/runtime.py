@@ -11,12 +11,13 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 _LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 _RAY_PREIMPORTED = "ray" in sys.modules and _LOOPBACK_VAR not in os.environ
@@ -26,7 +27,8 @@ import ray  # noqa: E402  (must follow the environment variable above)
 
 from flowrl.validation import check_number  # noqa: E402
 
-__all__ = ["init", "ensure_initialized", "actor_options", "parse_address", "check_reachable"]
+__all__ = ["init", "ensure_initialized", "actor_options", "parse_address", "check_reachable", "local_executor",
+           "current_executor"]
 
 #: Seconds :func:`init` waits for a TCP connection to a cluster's address before it gives up (Ray's own
 #: connect retries for minutes when nothing listens).
@@ -161,3 +163,29 @@ def actor_options(*, num_cpus: float = 1, num_gpus: float = 0, **extra: Any) -> 
     options.update(extra)
     options["max_restarts"] = 0
     return options
+
+
+@contextlib.contextmanager
+def local_executor() -> Iterator[None]:
+    """Runs every actor started inside the block (remote workers, replay shards, aggregators, shards of a parallel
+    iterator) in this process, with no Ray started, and makes learner threads steps of the driver: the local
+    executor of :mod:`flowrl.executor`. A :class:`~flowrl.trainer.Trainer` built inside runs on it for its whole
+    life, as with ``executor="local"`` in its config.
+
+    Examples:
+        >>> from flowrl.iter import from_range
+        >>> with local_executor():
+        ...     print(current_executor(), from_range(4, num_shards=2).gather_sync().take(4))
+        local [0, 2, 1, 3]
+    """
+    from flowrl import executor
+
+    with executor.using("local"):
+        yield
+
+
+def current_executor() -> str:
+    """``"local"`` inside :func:`local_executor` (or a local Trainer's calls), else ``"ray"``."""
+    from flowrl import executor
+
+    return executor.current()

@@ -32,9 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import ray
 
-from flowrl import profiling, runtime
+from flowrl import executor, profiling, runtime
 from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorithm, read_checkpoint, restoring,
                                 sweep_checkpoint_dir, write_checkpoint)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
@@ -60,7 +59,7 @@ def _worker_died(error: BaseException) -> bool:
     """Whether ``error`` (or an error it was raised from) is the death of an actor, not a user error."""
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, ray.exceptions.RayActorError):
+        if isinstance(seen, executor.ActorDiedError):
             return True
         seen = seen.__cause__
     return False
@@ -135,21 +134,24 @@ class Trainer:
             raise TypeError(f"Trainer({self.algorithm.name!r}) needs a {wanted}, got {type(config).__name__}; build "
                             f"the config with {wanted}(...)")
         self.config = config
+        #: where the plan's actors run: the config's executor, or "local" inside flowrl.runtime.local_executor()
+        self.executor = "local" if config.executor == "local" else executor.current()
         self._check_learner_devices()
         batch_warning = config.train_batch_size_warning()
         if batch_warning is not None:
             logger.warning("%s", batch_warning)
-        if config.num_workers:
-            runtime.ensure_initialized()
-        self.workers = self._make_workers(config)
-        make_state = self.algorithm.make_owned_state
-        self.owned_state: dict[str, Any] = dict(make_state(config)) if make_state is not None else {}
-        self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
-        try:
-            self._plan = self._build_plan()
-        except BaseException:
-            self._release()  # a plan that cannot be built leaves no worker or owned actor behind
-            raise
+        with executor.using(self.executor):
+            if config.num_workers and self.executor == "ray":
+                runtime.ensure_initialized()
+            self.workers = self._make_workers(config)
+            make_state = self.algorithm.make_owned_state
+            self.owned_state: dict[str, Any] = dict(make_state(config)) if make_state is not None else {}
+            self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
+            try:
+                self._plan = self._build_plan()
+            except BaseException:
+                self._release()  # a plan that cannot be built leaves no worker or owned actor behind
+                raise
 
     def _make_workers(self, config: TrainerConfig) -> WorkerSet:
         """The WorkerSet the plan runs over (:func:`flowrl.testing.make_fake_trainer` makes fake ones)."""
@@ -220,6 +222,10 @@ class Trainer:
                 shard); a dead actor that the trainer cannot replace failed the plan twice in this call; or no
                 remote worker remains.
         """
+        with executor.using(self.executor):
+            return self._train()
+
+    def _train(self) -> dict[str, Any]:
         start = time.monotonic()
         hung: set[int] = set()  # the workers replaced in this call for delivering no sample in time
         unexplained = False  # a recovery in this call found no failed worker or shard
@@ -321,10 +327,11 @@ class Trainer:
     def stop(self) -> None:
         """Closes the plan (its learner threads, aggregators and actors), stops every remote worker and
         closes the trainer-owned state that has a ``close()`` (e.g. Ape-X's replay shards)."""
-        try:
-            self._plan.close()
-        finally:
-            self._release()
+        with executor.using(self.executor):
+            try:
+                self._plan.close()
+            finally:
+                self._release()
 
     def _release(self) -> None:
         """Stops the workers and closes the trainer-owned state that has a ``close()``."""
@@ -361,7 +368,7 @@ class Trainer:
         remote = self.workers.remote_workers()
         state = {
             **(snapshot if snapshot is not None else self.snapshot()),
-            "remote_workers": ray.get([w.get_state.remote() for w in remote]) if remote else [],
+            "remote_workers": executor.get([w.get_state.remote() for w in remote]) if remote else [],
             "owned_state": {name: obj.get_state() for name, obj in self._checkpointed_state().items()},
             "config": config_to_data(self.config),
         }
@@ -399,7 +406,7 @@ class Trainer:
                 logger.warning("the checkpoint holds %d remote worker states for %d workers; restoring the first "
                                "%d", len(saved), len(remote), min(len(saved), len(remote)))
             with restoring(path, "remote_workers"):
-                ray.get([w.set_state.remote(s) for w, s in zip(remote, saved)])
+                executor.get([w.set_state.remote(s) for w, s in zip(remote, saved)])
         with restoring(path, "metrics"):
             self._plan.metrics.restore(state["metrics"])
         for name, obj in self._checkpointed_state().items():

@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, Ty
 
 import gymnasium as gym
 import numpy as np
-import ray
 import torch
 
-from flowrl import runtime
+from flowrl import executor, runtime
 from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
 from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
@@ -54,8 +53,8 @@ def unresponsive_actors(actors: Sequence[Any], timeout_s: float) -> list[int]:
     deadline, failed = time.monotonic() + timeout_s, []
     for i, ref in enumerate(pings):
         try:
-            ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            executor.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except (executor.ActorDiedError, executor.GetTimeoutError):
             failed.append(i)
     return failed
 
@@ -552,14 +551,17 @@ class WorkerSet:
         self._remote: list[Any] = []
         self._outstanding: list[Any] = []
         self._filter_deltas: list[Any] = []  # remote workers' take_filter_delta calls not merged yet
+        self._executor = "local" if config.executor == "local" else executor.current()
         if config.num_workers:
-            runtime.ensure_initialized()
-            self._check_resources()
-            self._remote = [self._make_remote(i + 1) for i in range(config.num_workers)]
-            self.sync_weights()
+            with executor.using(self._executor):
+                if self._executor == "ray":
+                    runtime.ensure_initialized()
+                    self._check_resources()
+                self._remote = [self._make_remote(i + 1) for i in range(config.num_workers)]
+                self.sync_weights()
 
     def _check_resources(self) -> None:
-        total = ray.cluster_resources()  # type: ignore[no-untyped-call]  # Ray leaves it untyped
+        total = executor.cluster_resources()
         for name, per_worker in (("CPU", self.config.num_cpus_per_worker), ("GPU", self.config.num_gpus_per_worker)):
             need = per_worker * self.config.num_workers
             if need > total.get(name, 0):
@@ -570,8 +572,9 @@ class WorkerSet:
     def _make_remote(self, worker_index: int) -> Any:
         options = runtime.actor_options(num_cpus=self.config.num_cpus_per_worker,
                                         num_gpus=self.config.num_gpus_per_worker)
-        return ray.remote(self.worker_class).options(**options).remote(
-            policy_class=self.policy_class, config=self.config, worker_index=worker_index)
+        with executor.using(self._executor):
+            return executor.create_actor(self.worker_class, options=options, policy_class=self.policy_class,
+                                         config=self.config, worker_index=worker_index)
 
     def local_worker(self) -> WorkerLike:
         """The learner's replica in the driver (a :class:`RolloutWorker` unless ``worker_class`` says otherwise)."""
@@ -587,11 +590,12 @@ class WorkerSet:
         waiting: each :meth:`send_weights` asks its recipients for theirs) are merged into the local worker's
         filter first, so the weights carry the merged statistics to every worker they reach."""
         if self._filter_deltas:
-            ready, self._filter_deltas = ray.wait(self._filter_deltas, num_returns=len(self._filter_deltas),
-                                                  timeout=0)
+            ready, self._filter_deltas = executor.wait(self._filter_deltas, num_returns=len(self._filter_deltas),
+                                                       timeout=0)
             if ready and isinstance(self._local, RolloutWorker):
-                self._local.apply_filter_deltas(ray.get(ready))
-        return ray.put(self._local.get_weights(policies))
+                self._local.apply_filter_deltas(executor.get(ready))
+        with executor.using(self._executor):
+            return executor.put(self._local.get_weights(policies))
 
     def send_weights(self, ref: Any, to: Sequence[Any] | None = None,
                      global_vars: Mapping[str, Any] | None = None) -> None:
@@ -602,8 +606,8 @@ class WorkerSet:
         error here, within one round."""
         if global_vars is not None:
             self._local.set_global_vars(global_vars)
-        ready, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
-        ray.get(ready)  # raises the actor error of a recipient that died
+        ready, self._outstanding = executor.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
+        executor.get(ready)  # raises the actor error of a recipient that died
         recipients = self._remote if to is None else to
         self._outstanding += [w.set_weights.remote(ref, global_vars) for w in recipients]
         if self.config.observation_filter != "NoFilter":  # each recipient's statistics since its last send
@@ -622,7 +626,7 @@ class WorkerSet:
     def foreach_worker(self, fn: Callable[[Any], R]) -> list[R]:
         """``fn`` on the local worker, then on each remote worker, in order (each an instance of the set's
         ``worker_class``: a :class:`RolloutWorker` unless a test passed a fake)."""
-        return [fn(self._local), *ray.get([w.apply.remote(fn) for w in self._remote])]
+        return [fn(self._local), *executor.get([w.apply.remote(fn) for w in self._remote])]
 
     def check_health(self, timeout_s: float = 30.0) -> list[int]:
         """Positions in :meth:`remote_workers` of the workers that died or did not answer in time."""
@@ -631,17 +635,18 @@ class WorkerSet:
     def recreate_workers(self, indices: Sequence[int]) -> None:
         """Replaces those workers (same index, seeds and resources) and sends them the current weights."""
         for i in indices:
-            ray.kill(self._remote[i], no_restart=True)
+            executor.kill(self._remote[i])
             self._remote[i] = self._make_remote(i + 1)
         if indices:
-            ref = ray.put(self._local.get_weights())
-            ray.get([self._remote[i].set_weights.remote(ref) for i in indices])
+            with executor.using(self._executor):
+                ref = executor.put(self._local.get_weights())
+            executor.get([self._remote[i].set_weights.remote(ref) for i in indices])
             self._outstanding, self._filter_deltas = [], []
 
     def remove_workers(self, indices: Sequence[int]) -> None:
         """Terminates those workers and drops them from the set."""
         for i in sorted(set(indices), reverse=True):
-            ray.kill(self._remote.pop(i), no_restart=True)
+            executor.kill(self._remote.pop(i))
         self._outstanding, self._filter_deltas = [], []
 
     def reset(self, new_remote_workers: list[Any]) -> None:
@@ -651,7 +656,7 @@ class WorkerSet:
     def stop(self) -> None:
         """Terminates every remote worker."""
         for w in self._remote:
-            ray.kill(w, no_restart=True)
+            executor.kill(w)
         self._remote, self._outstanding, self._filter_deltas = [], [], []
 
 

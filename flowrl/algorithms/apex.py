@@ -45,12 +45,11 @@ from flowrl.ops import (AddReplayShardStats, ApexLearnerThread, Concurrently, De
                         UpdateTargetNetwork, UpdateWorkerWeights)
 from flowrl.ops.replay import UpdateReplayShardPriorities
 from flowrl.ops.shutdown import shut_down
-from flowrl import replay_buffers
+from flowrl import executor, replay_buffers
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, SampleBatch
 from flowrl.validation import bounded
 from flowrl.workers import RolloutWorker, WorkerSet, unresponsive_actors
 
-import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
 if TYPE_CHECKING:  # ApexSettings is only ever mixed into a replay config: the type checker sees that config's fields
     from flowrl.algorithms.off_policy import OffPolicyConfig as _ReplayConfig
@@ -211,7 +210,8 @@ def plan(workers: WorkerSet, config: ApexSettings, *,
     learner = ApexLearnerThread(workers.local_worker(), learner_queue_size=config.learner_queue_size)
     set_worker_exploration(workers, config)
     # (1) store rollouts in a shard; sync each delivering worker's weights every max_weight_sync_delay steps
-    store_op = ParallelRollouts(workers, mode="async", num_async=2).for_each(StoreToReplayBuffer(actors=shards))
+    store_op = ParallelRollouts(workers, mode="async", num_async=2).for_each(
+        StoreToReplayBuffer(actors=shards, seed=config.seed))
     if workers.remote_workers():
         store_op = store_op.zip_with_source_actor().for_each(
             UpdateWorkerWeights(learner, workers, config.max_weight_sync_delay))
@@ -343,14 +343,14 @@ class ReplayShards(list[Any]):
                              f"without start=; build them with make_replay_shards(config)")
         new = self.start(list(indices))
         for i, shard in zip(indices, new):
-            ray.kill(self[i], no_restart=True)
+            executor.kill(self[i])
             self[i] = shard
         held = "" if self.capacity is None else f" (up to {self.capacity} env steps each)"
         logger.warning("replay shard(s) %s of %d died and were recreated empty: what they held%s is lost, and "
                        "each fills up again to learning_starts before it replays", list(indices), len(self), held)
 
     def get_state(self) -> dict[str, Any]:
-        return {"shards": ray.get([shard.get_state.remote() for shard in self])}
+        return {"shards": executor.get([shard.get_state.remote() for shard in self])}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Raises ``ValueError`` when the state holds another number of shards."""
@@ -358,12 +358,12 @@ class ReplayShards(list[Any]):
         if len(shards) != len(self):
             raise ValueError(f"the checkpoint holds {len(shards)} replay shards but this trainer has {len(self)}; "
                              f"restore with num_replay_buffer_shards={len(shards)}")
-        ray.get([shard.set_state.remote(s) for shard, s in zip(self, shards)])
+        executor.get([shard.set_state.remote(s) for shard, s in zip(self, shards)])
 
     def close(self) -> None:
         """Terminates the shard actors (``Trainer.stop()`` calls it)."""
         for shard in self:
-            ray.kill(shard, no_restart=True)
+            executor.kill(shard)
         self.clear()
 
 

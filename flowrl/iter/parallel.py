@@ -34,8 +34,8 @@ from flowrl.iter.stages import END, NOT_READY, Origin, Puller, check_concurrency
 from flowrl.metrics import MetricsContext
 from flowrl.validation import check_int, check_number
 
-import ray  # noqa: E402,I001  (the flowrl package imports flowrl.runtime first, which sets Ray's loopback variable)
-from ray import cloudpickle
+from flowrl import executor
+from ray import cloudpickle  # noqa: I001  (the flowrl package imports flowrl.runtime first, which sets Ray's loopback variable)
 
 __all__ = ["ParallelIterator", "ShardTimeoutError", "AsyncSource", "from_items", "from_range", "from_iterators",
            "from_actors"]
@@ -95,7 +95,7 @@ class _GatherSource(Puller):
 
     def _init(self) -> None:
         self.generation = new_generation()
-        ray.get([actor.par_iter_init.remote(transforms, self.generation) for actor, transforms in self.pairs])
+        executor.get([actor.par_iter_init.remote(transforms, self.generation) for actor, transforms in self.pairs])
         for actor, _ in self.pairs:
             key = actor._actor_id.hex()
             previous = _ACTIVE_GATHERS.get(key)
@@ -126,7 +126,7 @@ class _BarrierSource(_GatherSource):
             return True  # the caller's ray.get waits
         while True:
             timeout = max(0.0, self.round_deadline - time.monotonic()) if block else 0
-            ready, _ = ray.wait(self.round, num_returns=len(self.round), timeout=timeout)
+            ready, _ = executor.wait(self.round, num_returns=len(self.round), timeout=timeout)
             if len(ready) == len(self.round):
                 return True
             if time.monotonic() >= self.round_deadline:
@@ -148,7 +148,7 @@ class _BarrierSource(_GatherSource):
                     self.round_deadline = time.monotonic() + self.timeout_s
             if not self._wait_round(block):
                 return NOT_READY
-            results, self.round = [from_wire(r) for r in ray.get(self.round)], None
+            results, self.round = [from_wire(r) for r in executor.get(self.round)], None
             items = [r for r in results if not isinstance(r, ShardStatus)]
             self.active = [a for a, r in zip(self.active, results) if not isinstance(r, ShardStatus)]
             if items:
@@ -178,8 +178,8 @@ class AsyncSource(_GatherSource):
 
     def _submit(self, actor: Any) -> None:
         self._check()
-        if self.batch_ms > 0:
-            ref = actor.par_iter_next_batch.remote(self.generation, self.batch_ms)
+        if self.batch_ms > 0:  # (a local actor answers one item: a batch by time would make the run depend on it)
+            ref = actor.par_iter_next_batch.remote(self.generation, 0 if executor.is_local(actor) else self.batch_ms)
         else:  # one item per request, no arguments: the cheapest Ray call there is
             ref = actor.par_iter_next.remote()
         self.refs[ref] = actor
@@ -209,22 +209,22 @@ class AsyncSource(_GatherSource):
             if block and 0 < self.direct_waits < len(refs):
                 # starved: the next completion (~4 us once one is done; a probe that times out costs ~80 us on
                 # Ray 2.60); a probe every len(refs) waits takes every finished request, so none is passed over
-                ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                ready, _ = executor.wait(refs, num_returns=1, timeout=timeout)
                 self.direct_waits += 1
             else:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                ready, _ = executor.wait(refs, num_returns=len(refs), timeout=0)
                 self.direct_waits = 0
                 if self.timeout_s is not None:
                     self._check_late(refs, ready)
                 if not ready:
                     if not block:
                         return False
-                    ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+                    ready, _ = executor.wait(refs, num_returns=1, timeout=timeout)
                     self.direct_waits = 1
             if ready:
                 break
             self._check_late(refs, ready)  # (only with timeout_s: the blocking wait ran out)
-        for ref, result in zip(ready, ray.get(ready)):
+        for ref, result in zip(ready, executor.get(ready)):
             self.done.append((self.refs.pop(ref), result))
             self.submitted.pop(ref, None)
         return True
@@ -256,11 +256,13 @@ class AsyncSource(_GatherSource):
 def _sliced_stream(actors: list[Any], generation: str, step: int, start: int,
                    batch_ms: float) -> Iterator[Any]:
     """A repartition partition: positions ``start (mod step)`` of every source shard, as they arrive."""
+    if any(executor.is_local(a) for a in actors):
+        batch_ms = 0  # one item per answer: a batch collected by time would make a local run depend on the clock
     refs = {a.par_iter_slice_batch.remote(generation, step, start, batch_ms): a for a in actors}
     while refs:
-        ready, _ = ray.wait(list(refs), num_returns=1)
+        ready, _ = executor.wait(list(refs), num_returns=1)
         actor = refs.pop(ready[0])
-        result = ray.get(ready[0])
+        result = executor.get(ready[0])
         if result is SHARD_SUPERSEDED:
             raise RuntimeError("repartition source shard re-initialised by another gather")
         if result is not SHARD_END:
@@ -381,7 +383,7 @@ class ParallelIterator(Generic[T]):
         _check_gather_args(1, batch_ms)
         pairs = self._pairs()
         generation = new_generation()
-        ray.get([actor.par_iter_init.remote(transforms, generation) for actor, transforms in pairs])
+        executor.get([actor.par_iter_init.remote(transforms, generation) for actor, transforms in pairs])
         sources = [a for a, _ in pairs]
         parts = make_shards([functools.partial(_sliced_stream, sources, generation, num_partitions, i, batch_ms)
                               for i in range(num_partitions)], False, None)

@@ -24,8 +24,7 @@ import random
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import ray  # (the flowrl package imports flowrl.runtime first, which sets Ray's loopback variable)
-
+from flowrl import executor
 from flowrl.iter.stages import END, NOT_READY, Backoff, Puller, RetryLater, call_with_metrics
 from flowrl.metrics import MetricsContext
 
@@ -99,7 +98,7 @@ class ConcurrentForEach(Puller):
 
     def __init__(self, up: Puller, fn: Callable[[Any], Any], k: int, resources: dict[str, Any]) -> None:
         self.up, self.k, self.ended = up, k, False
-        self.remote_fn = ray.remote(fn).options(**resources) if resources else ray.remote(fn)
+        self.remote_fn = executor.remote_function(fn, **resources)
         self.inflight: list[Any] = []
         self.done: deque[Any] = deque()
 
@@ -118,10 +117,10 @@ class ConcurrentForEach(Puller):
                     return NOT_READY
             if not self.inflight:
                 return END
-            ready, self.inflight = ray.wait(self.inflight, num_returns=1, timeout=None if block else 0)
+            ready, self.inflight = executor.wait(self.inflight, num_returns=1, timeout=None if block else 0)
             if not ready:
                 return NOT_READY
-            self.done.extend(ray.get(ready))
+            self.done.extend(executor.get(ready))
 
 
 class Filter(Puller):

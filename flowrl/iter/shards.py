@@ -26,11 +26,9 @@ import uuid
 from collections import deque
 from typing import Any, Callable, Iterable, Sequence
 
-from flowrl import runtime
+from flowrl import executor, runtime
 from flowrl.iter.local import LocalIterator
 from flowrl.iter.stages import END
-
-import ray  # noqa: E402,I001  (flowrl.runtime sets Ray's loopback variable before this import)
 
 __all__ = ["ShardStatus", "SHARD_END", "SHARD_SUPERSEDED", "to_wire", "from_wire", "get_shard_worker", "Transforms",
            "ParallelIteratorWorker", "new_generation", "make_shards"]
@@ -201,9 +199,6 @@ class _ShardActor(ParallelIteratorWorker):
         return "ok"
 
 
-_RemoteShard = ray.remote(_ShardActor)
-
-
 def new_generation() -> str:
     """A fresh token for one initialisation of shards: a shard answers requests of another with
     ``SHARD_SUPERSEDED``."""
@@ -212,7 +207,6 @@ def new_generation() -> str:
 
 def make_shards(sources: Sequence[Any], repeat: bool, actor_options: dict[str, Any] | None) -> list[Any]:
     """One new shard actor per source (an iterable, or a zero-argument callable returning one), on no CPU unless
-    ``actor_options`` say otherwise; starts Ray if needed."""
-    runtime.ensure_initialized()
+    ``actor_options`` say otherwise; starts Ray if needed (none under the local executor)."""
     options = runtime.actor_options(**{"num_cpus": 0, **(actor_options or {})})
-    return [_RemoteShard.options(**options).remote(src, repeat) for src in sources]
+    return [executor.create_actor(_ShardActor, src, repeat, options=options) for src in sources]

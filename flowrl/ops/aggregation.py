@@ -13,7 +13,7 @@ learner's weights::
         .for_each(CountFreshSteps())                                     # sampled counters: fresh steps only
         .for_each(BroadcastUpdateLearnerWeights(learner, workers, k)))   # learner weights -> the aggregator
 
-Every actor :func:`make_aggregators` starts is the caller's to kill (``ray.kill``) when its plan closes.
+Every actor :func:`make_aggregators` starts is the caller's to kill (:func:`flowrl.executor.kill`) when its plan closes.
 
 Examples:
     >>> from flowrl.metrics import MetricsContext
@@ -31,7 +31,7 @@ from typing import Any, Iterator, Literal
 
 import numpy as np
 
-from flowrl import runtime  # first: sets Ray's loopback variable before anything imports ray
+from flowrl import executor, runtime  # first: sets Ray's loopback variable before anything imports ray
 from flowrl.iter import LocalIterator, ParallelIterator, ParallelIteratorWorker
 from flowrl.metrics import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER, MetricsBinding
 from flowrl.ops._common import check_batch, check_int
@@ -39,9 +39,6 @@ from flowrl.ops.metrics import CountSteps
 from flowrl.ops.replay import MixInReplay
 from flowrl.ops.rollout import ConcatBatches
 from flowrl.sample_batch import AnyBatch
-
-import ray  # noqa: E402,I001  (after flowrl.runtime, which sets Ray's environment first)
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 __all__ = ["Aggregator", "make_aggregators", "aggregator_groups", "CountFreshSteps"]
 
@@ -141,6 +138,7 @@ class Aggregator(ParallelIteratorWorker):
         self.weights_version = 0  # bumped by each set_weights
         self.held: dict[Any, int] = {}  # worker -> the weights version it was sent last
         self._outstanding: list[Any] = []  # set_weights calls not yet known to have succeeded
+        self._executor = executor.current()  # where this aggregator runs: its puts go there too
         super().__init__(self._stream)
 
     def _stream(self) -> Iterator[AggregatedBatch]:
@@ -156,7 +154,8 @@ class Aggregator(ParallelIteratorWorker):
 
     def set_weights(self, weights: Any, global_vars: dict[str, Any] | None = None) -> None:
         """Caches ``weights`` (one ``ray.put``) with ``global_vars`` as a new version for the group's workers."""
-        self.weights_ref = ray.put(weights)
+        with executor.using(self._executor):
+            self.weights_ref = executor.put(weights)
         self.global_vars = global_vars
         self.weights_version += 1
 
@@ -167,18 +166,14 @@ class Aggregator(ParallelIteratorWorker):
         """
         if self.weights_ref is None or self.held.get(worker) == self.weights_version:
             return
-        ready, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
-        ray.get(ready)
+        ready, self._outstanding = executor.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0)
+        executor.get(ready)
         self._outstanding.append(worker.set_weights.remote(self.weights_ref, self.global_vars))
         self.held[worker] = self.weights_version
 
     def ping(self) -> str:
         """Health probe."""
         return "ok"
-
-
-# Typed as Any: Ray's stubs do not model .options(...).remote(...) on an actor class.
-_RemoteAggregator: Any = ray.remote(Aggregator)
 
 
 def make_aggregators(raw: ParallelIterator[AnyBatch], num_aggregators: int, *, train_batch_size: int,
@@ -210,10 +205,8 @@ def make_aggregators(raw: ParallelIterator[AnyBatch], num_aggregators: int, *, t
     seeds: list[int | None] = [None] * num_aggregators
     if seed is not None:
         seeds = [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(num_aggregators)]
-    runtime.ensure_initialized()
-    options = runtime.actor_options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-        node_id=ray.get_runtime_context().get_node_id(), soft=False))
-    return [_RemoteAggregator.options(**options).remote(group, seed=seeds[g], **settings)
+    options = runtime.actor_options(num_cpus=0, **executor.node_affinity_options())
+    return [executor.create_actor(Aggregator, group, options=options, seed=seeds[g], **settings)
             for g, group in enumerate(groups)]
 
 

@@ -22,10 +22,11 @@ import math
 import queue
 import threading
 from collections import deque
-from typing import Any, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 import numpy as np
 
+from flowrl import executor
 from flowrl.metrics import (LEARNER_DEQUEUE_TIMER, LEARNER_GRAD_TIMER, LEARNER_INFO, LEARNER_LOAD_TIMER,
                             LEARNER_LOAD_WAIT_TIMER, LEARNER_OVERALL_TIMER, LEARNER_QUEUE_INFO, LEARNER_STATS_KEY,
                             TIMING_BREAKDOWN_INFO, Timer)
@@ -118,14 +119,36 @@ class _Stop:
 _STOP: Any = _Stop()  # put on a learner's in-queue by stop() to wake it; private to this module
 
 
+class _SteppedQueue(queue.Queue[Any]):
+    """The in-queue of a learner under the local executor: every put runs the learner's steps that can run now,
+    in the putting thread (the driver), instead of waking a learner thread."""
+
+    def __init__(self, learner: _LearnerBase, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.learner = learner
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        self.learner.run_ready_steps()
+
+
 class _LearnerBase(threading.Thread):
-    """What every learner thread shares: queues, the weights flag and lock, error capture, stop, stats."""
+    """What every learner thread shares: queues, the weights flag and lock, error capture, stop, stats.
+
+    Made under the local executor (:mod:`flowrl.executor`), a learner is *scheduled*: ``start()`` starts no
+    thread, and each put on its in-queue runs, in the putting thread, every step that can run without waiting
+    (:meth:`run_ready_steps`), so a run's learning interleaves with the driver in one fixed order. An error in
+    a step is kept in ``error`` and ends the learner, as in a thread.
+    """
 
     def __init__(self, local_worker: _LearnsOnBatch, learner_queue_size: int, name: str) -> None:
         super().__init__(name=name, daemon=True)
         check_int(f"{type(self).__name__} learner_queue_size", learner_queue_size, 1)
         self.local_worker = local_worker
-        self.inqueue: queue.Queue[Any] = queue.Queue(maxsize=learner_queue_size)
+        self.scheduled = executor.current() == "local"
+        self._scheduled_started = False
+        self.inqueue: queue.Queue[Any] = (_SteppedQueue(self, learner_queue_size) if self.scheduled else
+                                          queue.Queue(maxsize=learner_queue_size))
         self.outqueue: queue.Queue[Any] = queue.Queue()
         # the worker's own lock where it has one (RolloutWorker.learn_lock), so its get_state in the driver
         # (a checkpoint) waits for the step in progress instead of reading a half-updated network
@@ -153,9 +176,44 @@ class _LearnerBase(threading.Thread):
         """One unit of work (subclasses); returns without output when nothing arrived in time."""
         raise NotImplementedError
 
+    def _next_ready_step(self) -> Callable[[], None] | None:
+        """The step that can run now without waiting (a scheduled learner), or ``None``."""
+        return self.step if self.inqueue.qsize() else None
+
+    def run_ready_steps(self) -> None:
+        """A scheduled learner's turn: runs the steps that can run now, until none can (or one fails: its error
+        is kept in ``error``, as a thread keeps it). Does nothing before ``start()``, after ``stop()``, or
+        for a learner that runs as a thread."""
+        if not (self.scheduled and self._scheduled_started) or self.stopped or self.error is not None:
+            return
+        try:
+            while (step := self._next_ready_step()) is not None:
+                step()
+        except Exception as e:  # kept; Dequeue(check=self.is_alive) raises from it
+            self.error = e
+
+    def start(self) -> None:
+        """Starts the thread (a scheduled learner: lets puts run its steps)."""
+        if self.scheduled:
+            self._scheduled_started = True
+            self.run_ready_steps()
+        else:
+            super().start()
+
+    def is_alive(self) -> bool:
+        if self.scheduled:
+            return self._scheduled_started and not self.stopped and self.error is None
+        return super().is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        if not self.scheduled:
+            super().join(timeout)
+
     def stop(self) -> None:
         """Asks the thread to end after its current step; ``join()`` waits for that."""
         self._stop_event.set()
+        if self.scheduled:
+            return
         try:
             self.inqueue.put_nowait(_STOP)  # wakes a thread waiting on an empty in-queue
         except queue.Full:
@@ -235,6 +293,10 @@ class LearnerThread(_LearnerBase):
         self.minibatch_buffer: MinibatchBuffer[Any] = MinibatchBuffer(
             self.inqueue, size=minibatch_buffer_size, timeout=learner_queue_timeout, num_passes=num_sgd_iter,
             init_num_passes=num_sgd_iter)
+
+    def _next_ready_step(self) -> Callable[[], None] | None:
+        buffer = self.minibatch_buffer
+        return self.step if buffer.ttl[buffer.idx] > 0 or self.inqueue.qsize() else None
 
     def step(self) -> None:
         with self.queue_timer:
@@ -354,13 +416,20 @@ class MultiGPULearnerThread(_LearnerBase):
         self.loader_threads = [_LoaderThread(self, i, share_stats=i == 0) for i in range(num_data_load_threads)]
 
     def start(self) -> None:
-        """Starts the loader threads, then the learner."""
-        for loader in self.loader_threads:
-            loader.start()
+        """Starts the loader threads, then the learner (a scheduled learner: the loaders become its steps)."""
+        if not self.scheduled:
+            for loader in self.loader_threads:
+                loader.start()
         super().start()
 
     def stop(self) -> None:
         self._stop_event.set()  # every wait here is at most wait_s long, so no wake-up is needed
+
+    def _next_ready_step(self) -> Callable[[], None] | None:
+        if self.inqueue.qsize() and self.idle_tower_stacks.qsize():
+            return self.loader_threads[0].step
+        buffer = self.ready_tower_stacks_buffer
+        return self.step if buffer.ttl[buffer.idx] > 0 or self.ready_tower_stacks.qsize() else None
 
     @property
     def timers(self) -> dict[str, Timer]:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from flowrl import executor
 from flowrl.envs.base import EpisodeRecord
 from flowrl.iter import LocalIterator
 from flowrl.ops._common import check_batch
@@ -42,7 +43,6 @@ from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, AGENT_STEPS_TRAINED_COU
                             STEPS_TRAINED_THIS_ITER_COUNTER, MetricsBinding, MetricsContext)
 from flowrl.validation import check_int, check_number
 
-import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
 if TYPE_CHECKING:
     from flowrl.workers import WorkerSet
@@ -322,7 +322,7 @@ class CollectMetrics(MetricsBinding):
         ready: list[Any] = []
         if self._pending:
             refs = list(self._pending)
-            ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_seconds)
+            ready, not_ready = executor.wait(refs, num_returns=len(refs), timeout=self.timeout_seconds)
             if not_ready:
                 logger.warning("CollectMetrics: %d of %d remote workers did not report episodes within %s s; "
                                "their requests carry over to the next report", len(not_ready), len(refs),
@@ -330,7 +330,7 @@ class CollectMetrics(MetricsBinding):
         answered = [self._pending.pop(ref) for ref in ready]
         selected = live if self.selected_workers is None else set(self.selected_workers)
         for_stats, total = list(local_episodes), len(local_episodes)
-        fetched = ray.get(ready) if ready else []  # (no Ray call without remote workers: Ray may not be running)
+        fetched = executor.get(ready) if ready else []  # (no Ray call without remote workers: Ray may not be running)
         for worker, episodes in zip(answered, fetched):  # a failed worker's error surfaces here
             total += len(episodes)
             if worker in selected:
@@ -556,7 +556,7 @@ class AddReplayShardStats:
         >>> result = op({"info": {}})
         >>> result["info"]["replay_shard_0"]["num_added"], result["info"]["replay_shard_0"]["capacity"]
         (0, 10)
-        >>> ray.kill(shard)
+        >>> executor.kill(shard)
     """
 
     def __init__(self, shard: Any, key: str = "replay_shard_0", timeout_s: float = 1.0) -> None:
@@ -572,9 +572,9 @@ class AddReplayShardStats:
         if self._pending is None:
             self._pending = self.shard.stats.remote()
         try:
-            self.stats = ray.get(self._pending, timeout=self.timeout_s)
+            self.stats = executor.get(self._pending, timeout=self.timeout_s)
             self._pending = None
-        except ray.exceptions.GetTimeoutError:
+        except executor.GetTimeoutError:
             pass  # keep the previous answer; this request is collected at the next report
         result.setdefault("info", {})[self.key] = copy.deepcopy(self.stats)
         return result

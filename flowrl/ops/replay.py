@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flowrl import executor
 from flowrl.contracts import PriorityUpdater, ReplayReader, ReplayWriter, check_conforms
 from flowrl.iter import LocalIterator, RetryLater, from_actors
 from flowrl.metrics import LEARNER_STATS_KEY, STEPS_SAMPLED_COUNTER, MetricsBinding
@@ -36,7 +37,6 @@ from flowrl.replay_buffers import SimpleReplayBuffer
 from flowrl.sample_batch import BATCH_INDEXES, TD_ERROR, AnyBatch, SampleBatch
 from flowrl.validation import check_number
 
-import ray  # noqa: E402,I001  (after flowrl imports, which set Ray's environment first)
 
 __all__ = ["StoreToReplayBuffer", "Replay", "UpdatePriorities", "MixInReplay", "WaitUntilTimestepsElapsed",
            "UpdateReplayShardPriorities"]
@@ -77,6 +77,8 @@ class StoreToReplayBuffer:
         local_buffer: a buffer with ``add_batch`` in this process; exclusive with ``actors``.
         actors: replay shard handles (non-empty); exclusive with ``local_buffer``.
         max_outstanding_adds: unacknowledged ``add_batch`` calls allowed per shard; >= 1.
+        seed: seeds the choice of shard (``None``: a fresh seed), so a seeded run stores the same batches in the
+            same shards.
 
     Raises:
         ValueError: both or neither of ``local_buffer`` and ``actors``, an empty ``actors``, a buffer
@@ -94,7 +96,7 @@ class StoreToReplayBuffer:
     """
 
     def __init__(self, *, local_buffer: Any = None, actors: Sequence[Any] | None = None,
-                 max_outstanding_adds: int = 2) -> None:
+                 max_outstanding_adds: int = 2, seed: int | None = None) -> None:
         self.actors = _one_source("StoreToReplayBuffer", local_buffer, actors)
         if self.actors is None:
             check_conforms(local_buffer, ReplayWriter, "StoreToReplayBuffer local_buffer", _BUFFER_FIX)
@@ -103,7 +105,7 @@ class StoreToReplayBuffer:
         self.local_buffer = local_buffer
         self.max_outstanding_adds = max_outstanding_adds
         self._outstanding: list[list[Any]] = [[] for _ in self.actors or ()]
-        self._rng = random.Random()
+        self._rng = random.Random(seed)
 
     def __repr__(self) -> str:
         return "StoreToReplayBuffer(local)" if self.actors is None else \
@@ -118,18 +120,18 @@ class StoreToReplayBuffer:
         say); a failed add raises here. Does nothing for a local buffer."""
         refs = [ref for per_actor in self._outstanding for ref in per_actor]
         self._outstanding = [[] for _ in self._outstanding]
-        ray.get(refs)
+        executor.get(refs)
 
     def _reap(self) -> None:
         refs = [ref for per_actor in self._outstanding for ref in per_actor]
         if not refs:
             return
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        ready, _ = executor.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         if not ready:
             return
         done = set(ready)
         self._outstanding = [[ref for ref in per_actor if ref not in done] for per_actor in self._outstanding]
-        ray.get(ready)  # an add_batch that failed raises here
+        executor.get(ready)  # an add_batch that failed raises here
 
     def __call__(self, batch: AnyBatch) -> AnyBatch:
         check_batch(batch, self)
@@ -368,12 +370,12 @@ class UpdateReplayShardPriorities:
         >>> from flowrl.testing import fake_batch
         >>> import types
         >>> [shard] = make_replay_shards(1, learning_starts=0, capacity=10, replay_batch_size=2, seed=0)
-        >>> ray.get(shard.add_batch.remote(fake_batch(4)))
+        >>> executor.get(shard.add_batch.remote(fake_batch(4)))
         >>> learner = types.SimpleNamespace(learner_info={"default_policy": {}})
         >>> op = UpdateReplayShardPriorities(learner)
         >>> op((shard, {"default_policy": (np.array([1, 2]), np.array([3.0, 0.5]))}, 2, 2))
         (2, 2, {'default_policy': {}})
-        >>> op.flush(); ray.get(shard.stats.remote())["policy_default_policy"]["max_priority"]
+        >>> op.flush(); executor.get(shard.stats.remote())["policy_default_policy"]["max_priority"]
         3.000001
     """
 
@@ -390,7 +392,7 @@ class UpdateReplayShardPriorities:
     def flush(self) -> None:
         """Waits for every submitted priority update; a failed one raises here."""
         refs, self._outstanding = self._outstanding, []
-        ray.get(refs)
+        executor.get(refs)
 
     def __call__(self, item: tuple[Any, Mapping[str, Any], int, int]) -> tuple[int, int, Any]:
         if not isinstance(item, tuple) or len(item) != 4 or not isinstance(item[1], Mapping):
@@ -399,9 +401,9 @@ class UpdateReplayShardPriorities:
                              f"right after Dequeue(learner.outqueue)")
         shard, prios, env_steps, agent_steps = item
         if self._outstanding:
-            ready, self._outstanding = ray.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0,
+            ready, self._outstanding = executor.wait(self._outstanding, num_returns=len(self._outstanding), timeout=0,
                                                 fetch_local=False)
-            ray.get(ready)  # a failed update raises here
+            executor.get(ready)  # a failed update raises here
         if self.prioritized:
             self._outstanding.append(shard.update_priorities.remote(dict(prios)))
         return env_steps, agent_steps, self.learner_thread.learner_info

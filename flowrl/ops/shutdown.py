@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Protocol
 
-import ray  # importing flowrl (the package) set Ray's environment first
+from flowrl import executor
 
 __all__ = ["shut_down"]
 
@@ -49,4 +49,4 @@ def shut_down(learner: _StoppableThread, actors: Iterable[Any] = (), *, timeout_
     learner.stop()
     learner.join(timeout=timeout_s)
     for actor in actors:
-        ray.kill(actor, no_restart=True)
+        executor.kill(actor)
