@@ -27,6 +27,15 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture
+def local_executor() -> Iterator[None]:
+    """Runs the test under the local executor (every actor in this process; see flowrl/executor.py): for tests
+    of what a plan computes rather than of Ray itself. A module opts in with
+    ``pytestmark = pytest.mark.usefixtures("local_executor")``."""
+    with runtime.local_executor():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _pickle_test_module_by_value(request: pytest.FixtureRequest) -> None:
     # Ray's workers cannot import test modules by name; ship their functions by value instead.

@@ -16,6 +16,8 @@ from flowrl.algorithms.pg import PGConfig
 from flowrl.algorithms.ppo import PPOConfig
 from flowrl.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithms_defaults_train_the_batch_size_they_ask_for(name: str) -> None:

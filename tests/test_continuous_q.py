@@ -12,6 +12,8 @@ from flowrl.algorithms.ddpg import DDPGConfig, DDPGPolicy
 from flowrl.config import ModelConfig
 from flowrl.models import ActorModel, ContinuousQModel
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 OBS_SPACE = gym.spaces.Box(-1, 1, (3,))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-import ray
+from flowrl import executor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -24,6 +24,8 @@ from flowrl.sample_batch import ACTIONS, ENV_ID, NEXT_OBS, OBS, TERMINATEDS, TRU
 from flowrl.testing import TinyPGPolicy
 from flowrl.trainer import Trainer
 from flowrl.workers import OBS_FILTER_KEY, RolloutConfig, RolloutWorker, WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 CFG = RolloutConfig(env="CartPole-v1", num_envs_per_worker=3, rollout_fragment_length=40, seed=11,
                     num_cpus_per_worker=0.5, observation_filter="MeanStdFilter")
@@ -179,11 +181,11 @@ def test_sync_makes_every_worker_hold_the_merged_statistics() -> None:
     workers = WorkerSet(policy_class=TinyPGPolicy, config=dataclasses.replace(CFG, num_workers=2))
     try:
         remotes = workers.remote_workers()
-        batches = ray.get([w.sample.remote() for w in remotes])
+        batches = executor.get([w.sample.remote() for w in remotes])
         workers.sync_weights()  # merges what arrived, sends it and asks each worker for its new statistics
-        ray.get([w.ping.remote() for w in remotes])  # ... which they have answered now
+        executor.get([w.ping.remote() for w in remotes])  # ... which they have answered now
         workers.sync_weights()
-        ray.get([w.ping.remote() for w in remotes])
+        executor.get([w.ping.remote() for w in remotes])
         stats = workers.foreach_worker(lambda w: w.obs_filter.running.to_array())
         n = CFG.num_envs_per_worker
         dones = [int((b[TERMINATEDS] | b[TRUNCATEDS]).sum()) for b in batches]

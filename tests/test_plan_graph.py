@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import ray
+from flowrl import executor
 
 from flowrl import plan_graph
 from flowrl.algorithms import apex, dqn, impala, multiagent, ppo
@@ -20,6 +20,8 @@ from flowrl.ops.concurrency import Concurrently, Dequeue, Enqueue
 from flowrl.plan_graph import PlanGraph, build, to_dot, to_mermaid
 from flowrl.testing import iter_list, make_fake_workers
 from flowrl.workers import WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 
 class Double:
@@ -191,7 +193,7 @@ APEX = apex.ApexConfig(seed=0, num_workers=2, num_replay_buffer_shards=1, learni
 
 def build_apex(workers: WorkerSet, _: WorkerSet) -> LocalIterator[Any]:
     shards = apex.make_replay_shards(APEX)
-    return apex.plan(workers, APEX, replay_actors=shards).on_close(lambda: [ray.kill(s) for s in shards])
+    return apex.plan(workers, APEX, replay_actors=shards).on_close(lambda: [executor.kill(s) for s in shards])
 
 
 def build_impala(workers: WorkerSet, _: WorkerSet) -> LocalIterator[Any]:

@@ -13,6 +13,8 @@ from flowrl.algorithms import get_algorithm
 from flowrl.cli import build_config, main
 from flowrl.presets import PRESETS, find_preset
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: f"{p.algorithm}-{p.env}")
 def test_every_preset_builds_and_trains_the_batch_it_asks_for(preset: Any) -> None:

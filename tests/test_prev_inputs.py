@@ -22,6 +22,8 @@ from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, EPS_ID, NEXT_OBS, 
                                  STATE_OUT, TERMINATEDS, VF_PREDS, SampleBatch, T)
 from flowrl.workers import WorkerSet
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 MODEL = ModelConfig(hidden_sizes=(16,), use_lstm=True, lstm_cell_size=8, max_seq_len=6, lstm_use_prev_action=True,
                     lstm_use_prev_reward=True)
 

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
-import ray
+from flowrl import executor
 from click.testing import CliRunner, Result
 
 from flowrl import plan_graph, profiling
@@ -25,6 +25,8 @@ from flowrl.sample_batch import WEIGHTS_VERSION
 from flowrl.testing import TinyPGPolicy, iter_list, make_fake_workers
 from flowrl.trainer import Trainer
 from flowrl.workers import RolloutConfig, RolloutWorker
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 
 def invoke(*args: object) -> Result:
@@ -166,7 +168,7 @@ def test_a_profiled_apex_run_shows_its_three_sub_flows_and_the_staleness_it_trai
         it.close()
         workers.stop()
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
     assert results[-1]["info"]["num_learner_updates"] > 0
     # (1) store, (2) replay into the learner, (3) update: each sub-flow of Concurrently moved items
     for row in ("[0] for_each(UpdateWorkerWeights(30))", "[1] for_each(Enqueue(maxsize=16))",
@@ -263,7 +265,7 @@ def test_the_table_of_a_wide_plan_fits_100_columns_and_explains_the_remainder() 
         it.close()
         workers.stop()
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
     assert max(len(line) for line in lines) <= 100
     assert any(line.startswith("(outside the stages: wall time when no operator") for line in lines)
     notes = lines[lines.index("notes:") + 1:]

@@ -18,6 +18,8 @@ from flowrl.sample_batch import (ACTION_DIST_INPUTS, AGENT_INDEX, EPS_ID, STATE_
 from flowrl.sequences import batch_sequence_lengths, sequence_starts
 from flowrl.workers import WorkerSet
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 LSTM = ModelConfig(hidden_sizes=(16,), use_lstm=True, lstm_cell_size=8, max_seq_len=6)
 
 

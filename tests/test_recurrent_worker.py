@@ -20,6 +20,8 @@ from flowrl.sample_batch import ACTION_DIST_INPUTS, EPS_ID, OBS, STATE_IN, STATE
 from flowrl.sequences import pad, sequence_lengths, sequence_mask, sequence_starts
 from flowrl.workers import RolloutConfig, RolloutWorker
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 CELL = 6
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from flowrl.algorithms import ALGORITHMS, get_algorithm
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_default_reports_are_gated_on_env_steps_not_seconds(name: str) -> None:

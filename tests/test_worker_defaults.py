@@ -15,6 +15,8 @@ from flowrl.algorithms.apex import ApexConfig
 from flowrl.algorithms.ppo import PPOConfig
 from flowrl.config import available_cpus, num_workers_that_fit
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 
 def test_available_cpus_are_the_running_ray_instances() -> None:
     assert ray.is_initialized()  # the session's instance

@@ -23,6 +23,8 @@ from flowrl.workers import RolloutWorker, WorkerSet
 from .test_pg import comparable, first_results, train_until
 from .test_ppo import assert_plan_trains_gaussian_actions, pendulum_config
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 BOX4 = gym.spaces.Box(-1, 1, (4,), np.float32)
 
 

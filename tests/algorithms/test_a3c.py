@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 import pytest
-import ray
+from flowrl import executor
 
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.a2c import ActorCriticPolicy
@@ -16,6 +16,8 @@ from flowrl.algorithms.pg import PGConfig
 from flowrl.testing import make_fake_workers
 
 from .test_pg import train_until
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 
 def test_config_has_a3c_defaults() -> None:
@@ -47,7 +49,7 @@ def test_each_gradient_is_applied_once_and_answered_to_its_producer_alone() -> N
         last = [next(results) for _ in range(12)][-1]  # no gate: one report per applied gradient
         assert (last["info"]["num_steps_trained"], last["info"]["num_steps_sampled"]) == (120, 120)
         assert len(workers.local_worker().applied_gradients) == 12
-        records = ray.get([w.get_record.remote() for w in workers.remote_workers()])
+        records = executor.get([w.get_record.remote() for w in workers.remote_workers()])
         # two initial syncs per worker (WorkerSet, AsyncGradients), then the version after each applied gradient
         answers = [[versions["default_policy"] for versions, _ in r["set_weights_calls"][2:]] for r in records]
         assert sorted(v for a in answers for v in a) == list(range(1, 13))

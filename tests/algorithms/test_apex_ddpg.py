@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-import ray
+from flowrl import executor
 
 from flowrl.algorithms import apex, get_algorithm
 from flowrl.algorithms.apex import ApexSettings, ExploresPerWorker, make_replay_shards, per_worker_epsilon
@@ -22,6 +22,8 @@ from flowrl.config import available_cpus
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
 from flowrl.trainer import Trainer
 from flowrl.workers import WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 # a small plan setting: one shard, tiny networks, reports every 100 sampled steps
 SMALL = ApexDDPGConfig(seed=0, num_workers=0, num_replay_buffer_shards=1, learning_starts=100, buffer_size=2000,
@@ -128,7 +130,7 @@ def test_each_worker_gets_its_noise_scale_and_keeps_it_through_broadcasts_and_pl
     finally:
         workers.stop()
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
     alone = WorkerSet(policy_class=ApexDDPGPolicy, config=SMALL)  # zero remote workers: the driver samples
     shards = make_replay_shards(SMALL)
     try:
@@ -137,7 +139,7 @@ def test_each_worker_gets_its_noise_scale_and_keeps_it_through_broadcasts_and_pl
         assert _noise_scale(alone.local_worker()) == 0.4
     finally:
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
 
 
 def test_policy_state_round_trips_its_noise_scale() -> None:
@@ -208,14 +210,14 @@ def test_ape_x_plan_runs_ddpg_with_zero_and_two_workers(num_workers: int) -> Non
         if num_workers:
             assert info["num_weight_syncs"] > 0
         deadline = time.monotonic() + 30  # worker-side priorities and the learner's new ones reach the shard
-        while ray.get(shards[0].stats.remote())["policy_default_policy"]["max_priority"] == 1.0:
+        while executor.get(shards[0].stats.remote())["policy_default_policy"]["max_priority"] == 1.0:
             assert time.monotonic() < deadline, "no td-error priority reached the shard"
             time.sleep(0.05)
     finally:
         it.close()
         workers.stop()
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
 
 
 def test_trainer_runs_apex_ddpg_and_checkpoints_its_shards() -> None:
@@ -227,10 +229,10 @@ def test_trainer_runs_apex_ddpg_and_checkpoints_its_shards() -> None:
         shards = trainer.owned_state["replay_actors"]
         with tempfile.TemporaryDirectory() as tmp:
             path = trainer.save(tmp)
-            saved_added = ray.get(shards[0].stats.remote())["num_added"]
+            saved_added = executor.get(shards[0].stats.remote())["num_added"]
             trainer.train()
             trainer.restore(path)
-        assert ray.get(shards[0].stats.remote())["num_added"] == saved_added > 0
+        assert executor.get(shards[0].stats.remote())["num_added"] == saved_added > 0
         # The learner thread trains on between save and restore, so the weights are not compared here (the
         # policy's state round trip is DDPG's, tested there). Nor is training after the restore: the live plan's
         # queued batches still carry pre-restore shard indexes, whose priority updates the restored (smaller)

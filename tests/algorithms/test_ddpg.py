@@ -30,6 +30,8 @@ from flowrl.workers import WorkerSet
 
 from .test_pg import comparable, first_results, plan_code_lines
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 OBS3 = gym.spaces.Box(-8.0, 8.0, (3,), np.float32)
 ACT2 = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
 SMALL_NETS: dict[str, Any] = {"actor_hiddens": (16,), "critic_hiddens": (16,)}

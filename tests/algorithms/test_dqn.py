@@ -28,6 +28,8 @@ from flowrl.workers import WorkerSet
 
 from .test_pg import comparable, first_results, plan_code_lines, train_until
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 BOX4 = gym.spaces.Box(-1, 1, (4,), np.float32)
 TINY = ModelConfig(hidden_sizes=(8,))
 # a small, fast, report-every-100-steps setting for plan tests

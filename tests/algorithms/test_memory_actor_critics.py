@@ -24,6 +24,8 @@ from flowrl.policy import Policy
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, NEXT_OBS, STATE_OUT, TERMINATEDS, VF_PREDS, SampleBatch)
 from flowrl.workers import WorkerSet
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 LSTM = ModelConfig(hidden_sizes=(32,), use_lstm=True, lstm_cell_size=16, max_seq_len=8)
 COMMON: dict[str, Any] = dict(env=STATELESS_CARTPOLE, seed=4, model=LSTM, num_workers=0, num_envs_per_worker=2,
                               rollout_fragment_length=25, train_batch_size=100, timesteps_per_iteration=0)

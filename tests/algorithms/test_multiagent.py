@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import ray
+from flowrl import executor
 
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.dqn import DQNConfig, DQNPolicy
@@ -22,6 +22,8 @@ from flowrl.sample_batch import AGENT_INDEX, SampleBatch
 from flowrl.testing import plan_lines
 from flowrl.trainer import Trainer
 from flowrl.workers import WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 SMALL_MODEL = ModelConfig(hidden_sizes=(16,))
 # a few iterations' worth: DQN replays from 200 stored agent steps on, PPO trains every 100 env steps
@@ -141,7 +143,7 @@ def test_remote_workers_get_each_trained_policys_weights() -> None:
             next(it)
         it.close()
         local = workers.local_worker().get_weights()
-        remote = ray.get(workers.remote_workers()[0].get_weights.remote())
+        remote = executor.get(workers.remote_workers()[0].get_weights.remote())
         assert set(remote) == {PPO_POLICY, DQN_POLICY}
         for pid in (PPO_POLICY, DQN_POLICY):
             assert all(np.array_equal(local[pid][k], remote[pid][k]) for k in local[pid]), pid

@@ -26,6 +26,8 @@ from flowrl.policy import Policy
 from flowrl.sample_batch import ACTIONS, OBS, RETURNS, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
 from flowrl.workers import WorkerSet
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 Plan = Callable[..., Any]
 WALL_CLOCK_KEYS = ("timers", "time_this_iter_s", "time_total_s")
 

@@ -30,6 +30,8 @@ from flowrl.workers import RolloutWorker, WorkerSet
 
 from .test_pg import comparable, first_results, plan_code_lines, train_until
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 BOX4 = gym.spaces.Box(-1, 1, (4,), np.float32)
 SMALL = PPOConfig(seed=0, num_workers=0, train_batch_size=400, sgd_minibatch_size=64, num_sgd_iter=3)
 # RLlib's tuned CartPole PPO (its 100k-step learning gate)

@@ -23,6 +23,8 @@ from flowrl.sample_batch import ACTION_DIST_INPUTS, EPS_ID, NEXT_OBS, STATE_OUT,
 from flowrl.sequences import sequence_lengths, sequence_starts
 from flowrl.workers import WorkerSet
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 LSTM = ModelConfig(hidden_sizes=(32,), use_lstm=True, lstm_cell_size=16, max_seq_len=8)
 
 

@@ -24,6 +24,8 @@ from flowrl.sample_batch import (ACTIONS, EPS_ID, NEXT_OBS, OBS, REWARDS, STATE_
 from flowrl.sequences import SEQ_VALID, pad_batch, sequence_lengths, sequence_starts
 from flowrl.workers import WorkerSet
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 SEQ = 6
 SMALL = ModelConfig(hidden_sizes=(16,), use_lstm=True, lstm_cell_size=8, max_seq_len=SEQ)
 

@@ -18,6 +18,8 @@ from flowrl.workers import WorkerSet
 from .test_ddpg import (SEEDS, SMALL_NETS, ActionQ, bootstrap, loss_batch, make_policy, no_terminal, params_of,
                         pendulum_gate, same, short_learning_check)
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 
 def test_defaults_are_tds_and_the_rest_is_ddpgs() -> None:
     c = TD3Config()

@@ -22,6 +22,8 @@ from flowrl.algorithms.ppo import PPOConfig
 from flowrl.cli import main
 from flowrl.config import config_field_types
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 REPO = Path(__file__).resolve().parents[2]
 
 

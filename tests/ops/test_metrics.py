@@ -7,6 +7,8 @@ import math
 from typing import Any, Iterator
 
 import pytest
+
+from flowrl import executor
 import ray
 
 from flowrl.config import TrainerConfig
@@ -20,6 +22,8 @@ from flowrl.ops.metrics import (AddReplayShardStats, CollectMetrics, OncePerTime
                                 ReportGate, StandardMetricsReporting)
 from flowrl.testing import FakeConfig, iter_list, make_fake_workers
 from flowrl.workers import WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 
 # -- fakes ------------------------------------------------------------------------------------------
@@ -248,7 +252,7 @@ def test_report_gate_binds_its_step_filter_and_refuses_a_second_dataflow() -> No
 def test_collect_metrics_counts_all_workers_but_selected_workers_narrow_the_statistics(fake_workers: Any) -> None:
     ws = fake_workers(2)
     one, two = ws.remote_workers()
-    ray.get([one.sample.remote(), two.sample.remote(), two.sample.remote()])  # returns 2.0 and 3.0, 3.0
+    executor.get([one.sample.remote(), two.sample.remote(), two.sample.remote()])  # returns 2.0 and 3.0, 3.0
     ws.local_worker().sample()  # return 1.0
     result = bound(CollectMetrics(ws, selected_workers=[one]))(None)
     assert result["episodes_this_iter"] == 4  # every worker's episodes
@@ -266,24 +270,24 @@ def test_collect_metrics_counts_all_workers_but_selected_workers_narrow_the_stat
 def test_collect_metrics_carries_unfinished_requests_over_instead_of_re_requesting() -> None:
     fast, slow = MetricsActor.remote([ep(5.0)]), MetricsActor.remote([ep(7.0)], gated=True)
     try:
-        assert ray.get([fast.num_calls.remote(), slow.num_calls.remote()]) == [0, 0]  # both actors are up
+        assert executor.get([fast.num_calls.remote(), slow.num_calls.remote()]) == [0, 0]  # both actors are up
         op = bound(CollectMetrics(StubWorkers(StubWorker(), [fast, slow]), timeout_seconds=0.5))
         first = op(None)
         assert first["episodes_this_iter"] == 1 and first["hist_stats"]["episode_reward"] == [5.0]
         second = op(None)
         assert second["episodes_this_iter"] == 1
-        assert ray.get([fast.num_calls.remote(), slow.num_calls.remote()]) == [2, 1]  # slow: not asked again
-        ray.get(slow.release.remote())
+        assert executor.get([fast.num_calls.remote(), slow.num_calls.remote()]) == [2, 1]  # slow: not asked again
+        executor.get(slow.release.remote())
         op.timeout_seconds = 30  # the carried request answers now; do not depend on a short deadline
         third = op(None)
         assert third["episodes_this_iter"] == 2
         assert sorted(third["hist_stats"]["episode_reward"]) == [5.0, 5.0, 5.0, 7.0]
-        assert ray.get([fast.num_calls.remote(), slow.num_calls.remote()]) == [3, 1]
+        assert executor.get([fast.num_calls.remote(), slow.num_calls.remote()]) == [3, 1]
         op(None)
-        assert ray.get(slow.num_calls.remote()) == 2  # answered, so asked afresh
+        assert executor.get(slow.num_calls.remote()) == 2  # answered, so asked afresh
     finally:
-        ray.kill(fast)
-        ray.kill(slow)
+        executor.kill(fast)
+        executor.kill(slow)
 
 
 def test_collect_metrics_smooths_over_a_true_window_of_the_last_min_history_episodes() -> None:
@@ -485,17 +489,17 @@ def test_replay_shard_stats_keep_the_previous_answer_on_timeout_and_never_re_req
         assert repr(op) == "AddReplayShardStats(replay_shard_0)"
         first = op({"info": {"learner": {}}})
         assert first["info"] == {"learner": {}, "replay_shard_0": {"num_added": 1}}
-        ray.get(shard.gate.remote())
+        executor.get(shard.gate.remote())
         op.timeout_s = 0.5  # the gated shard cannot answer: these waits time out whatever the load
         assert op({})["info"]["replay_shard_0"] == {"num_added": 1}  # timed out: the previous answer
         assert op({})["info"]["replay_shard_0"] == {"num_added": 1}
-        assert ray.get(shard.num_calls.remote()) == 2  # the pending request was not sent again
-        ray.get(shard.release.remote())
+        assert executor.get(shard.num_calls.remote()) == 2  # the pending request was not sent again
+        executor.get(shard.release.remote())
         op.timeout_s = 30  # the carried request answers now; do not depend on a short deadline
         assert op({})["info"]["replay_shard_0"] == {"num_added": 2}
         assert op({})["info"]["replay_shard_0"] == {"num_added": 3}  # answered, so asked afresh
     finally:
-        ray.kill(shard)
+        executor.kill(shard)
 
 
 def test_replay_shard_stats_reject_bad_arguments() -> None:
@@ -506,4 +510,4 @@ def test_replay_shard_stats_reject_bad_arguments() -> None:
         with pytest.raises(ValueError, match=r"timeout_s=0 must be a number > 0 \(seconds"):
             AddReplayShardStats(shard, timeout_s=0)
     finally:
-        ray.kill(shard)
+        executor.kill(shard)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import ray
+from flowrl import executor
 
 from flowrl.config import PolicySpec
 from flowrl.metrics import (DQN_AGENT_STEPS_TRAINED_COUNTER, NUM_LEARNER_UPDATES, PPO_AGENT_STEPS_TRAINED_COUNTER,
@@ -23,6 +23,8 @@ from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import AnyBatch, MultiAgentBatch
 from flowrl.testing import WEIGHTS_VERSION, FakeConfig, FakeWorker, make_fake_workers
 from flowrl.workers import WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 FRAGMENT, TRAIN_BATCH, QUEUE_SIZE, IN_FLIGHT = 10, 20, 2, 2
 
@@ -62,7 +64,7 @@ def test_impala_shape_is_throttled_by_a_slow_learner_and_keeps_workers_current()
             # partial concatenation -- never the thousands an unthrottled fake would sample
             assert counters[STEPS_SAMPLED_COUNTER] - counters[STEPS_TRAINED_COUNTER] <= \
                 (QUEUE_SIZE + 4) * TRAIN_BATCH + TRAIN_BATCH
-            records = ray.get([w.get_record.remote() for w in workers.remote_workers()])
+            records = executor.get([w.get_record.remote() for w in workers.remote_workers()])
             for actor, record in zip(workers.remote_workers(), records):
                 # requests in flight or done but not yet consumed, per worker
                 assert record["sample_calls"] - len(delivered.get(actor, [])) <= IN_FLIGHT
@@ -151,7 +153,7 @@ def test_two_policies_share_one_rollout_stream_and_broadcast_only_their_own_weig
         assert local.versions["ppo_policy"] >= 4 and local.versions["dqn_policy"] == 12
         assert local.get_policy("dqn_policy").target_updates >= 1
         assert local.get_policy("ppo_policy").target_updates == 0
-        record = ray.get(workers.remote_workers()[0].get_record.remote())
+        record = executor.get(workers.remote_workers()[0].get_record.remote())
         sent = [set(versions) for versions, _ in record["set_weights_calls"][2:]]  # after the two full syncs
         assert {"ppo_policy"} in sent and {"dqn_policy"} in sent and all(len(s) == 1 for s in sent)
     finally:

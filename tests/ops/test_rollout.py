@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-import ray
+from flowrl import executor
 
 from flowrl.iter import ParallelIterator
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, GRAD_WAIT_TIMER, LEARNER_INFO, SAMPLE_TIMER,
@@ -19,6 +19,8 @@ from flowrl.testing import (SAMPLE_INDEX, WEIGHTS_VERSION, WORKER_INDEX, fake_ba
                             make_fake_workers)
 from flowrl.workers import PolicySpec, WorkerSet
 
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
+
 
 @pytest.fixture(scope="module")
 def two_workers() -> Any:
@@ -28,7 +30,7 @@ def two_workers() -> Any:
 
 
 def records(workers: WorkerSet) -> list[dict[str, Any]]:
-    return ray.get([w.get_record.remote() for w in workers.remote_workers()])  # type: ignore[no-any-return]
+    return executor.get([w.get_record.remote() for w in workers.remote_workers()])  # type: ignore[no-any-return]
 
 
 def test_bulk_sync_concatenates_one_fragment_from_every_worker() -> None:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
-import ray
+from flowrl import executor
 import torch
 
 from flowrl.config import PolicySpec
@@ -26,6 +26,8 @@ from flowrl.ops.train import (ApplyGradients, AverageGradients, BroadcastUpdateL
 from flowrl.sample_batch import DEFAULT_POLICY_ID, OBS, MultiAgentBatch, SampleBatch
 from flowrl.testing import WEIGHTS_VERSION, WORKER_INDEX, TinyPGPolicy, fake_batch, iter_list, make_fake_workers
 from flowrl.workers import RolloutConfig, WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # what the plans compute, not Ray: see conftest.py
 
 DP = DEFAULT_POLICY_ID
 TWO_POLICIES = {"policies": {"a": PolicySpec(), "b": PolicySpec()}, "env": lambda ctx: None,
@@ -50,20 +52,20 @@ def fake_workers() -> Iterator[Callable[..., WorkerSet]]:
 
 @pytest.fixture
 def puts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every value passed to ``ray.put`` from now on."""
+    """Every value passed to ``executor.put`` (``ray.put`` on Ray) from now on."""
     calls: list[Any] = []
-    real_put = ray.put
+    real_put = executor.put
 
     def counting_put(value: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(value)
         return real_put(value, *args, **kwargs)
 
-    monkeypatch.setattr(ray, "put", counting_put)
+    monkeypatch.setattr(executor, "put", counting_put)
     return calls
 
 
 def record(actor: Any) -> dict[str, Any]:
-    return ray.get(actor.get_record.remote())  # type: ignore[no-any-return]
+    return executor.get(actor.get_record.remote())  # type: ignore[no-any-return]
 
 
 def bound(op: Any, metrics: MetricsContext | None = None) -> Any:
