@@ -69,10 +69,12 @@ def test_repeated_labels_get_a_suffix_and_the_table_lines_up_with_describe() -> 
                                                          "for_each()"]
     lines = it.profile().splitlines()
     described = it.describe().splitlines()
-    rows = [line.split("|")[1].rstrip()[1:] for line in lines[3:3 + len(described)]]
+    assert lines[1].startswith("named: ") and "inside pulls is in operators and backoffs" in lines[1]
+    rows = [line.split("|")[1].rstrip()[1:] for line in lines[4:4 + len(described)]]
     assert rows == described
-    assert lines[3 + len(described)].startswith("| (outside the stages) ")
-    assert lines[4 + len(described)].startswith("(outside the stages: wall time when no operator of the plan ran")
+    assert [line.split("|")[1].strip() for line in lines[4 + len(described):7 + len(described)]] == [
+        "(backoff: nothing ready)", "(between pulls)", "(unaccounted)"]
+    assert lines[7 + len(described)].startswith("(backoff: the plan's sleeps inside a pull that found no item ready")
     assert max(len(line) for line in lines) <= profiling.TABLE_WIDTH
 
 
@@ -245,7 +247,8 @@ def test_profile_trains_n_iterations_and_prints_the_table() -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert [line.split()[:2] for line in lines[:2]] == [["iter", "1"], ["iter", "2"]]
-    assert lines[2].startswith("profile: ") and lines[3].split("|")[1].strip() == "operator"
+    assert lines[2].startswith("profile: ") and lines[3].startswith("named: ")
+    assert lines[4].split("|")[1].strip() == "operator"
     train_row = next(line for line in lines if line.startswith("| for_each(TrainOneStep)"))
     assert [cell.strip() for cell in train_row.split("|")[2:4]] == ["2", "2"]
     assert "  for_each(TrainOneStep): staleness 0.0 (max 0)" in lines[lines.index("notes:"):]
@@ -267,6 +270,26 @@ def test_the_table_of_a_wide_plan_fits_100_columns_and_explains_the_remainder() 
         for shard in shards:
             executor.kill(shard)
     assert max(len(line) for line in lines) <= 100
-    assert any(line.startswith("(outside the stages: wall time when no operator") for line in lines)
+    assert any(line.startswith("(backoff: the plan's sleeps inside a pull") for line in lines)
     notes = lines[lines.index("notes:") + 1:]
     assert any(line.startswith("  ApexLearnerThread: ") and "in-queue" in line for line in notes)
+
+
+def test_the_wall_time_is_accounted_for_operators_backoffs_between_pulls_and_the_rest() -> None:
+    ready = iter([False, False, True, True, False, True])
+
+    def poll() -> int | None:  # "nothing yet" twice: the pull backs off
+        return 1 if next(ready) else None
+
+    it = profiling.enable(LocalIterator.from_poll(poll).for_each(lambda x: time.sleep(0.02) or x))
+    next(it)
+    time.sleep(0.05)  # the caller's own work, between pulls
+    next(it)
+    accounts = profiling.profile_data(it)["time"]
+    assert accounts["backoff_s"] >= 0.002  # two backoffs of 1 and 2 ms before the first item
+    assert accounts["operators_s"] >= 0.04  # two items through the 20 ms operator
+    assert accounts["between_pulls_s"] >= 0.05
+    named = accounts["operators_s"] + accounts["backoff_s"]
+    assert accounts["unaccounted_s"] == pytest.approx(max(0.0, accounts["pulls_s"] - named))
+    assert accounts["attributed_share"] == pytest.approx(min(1.0, named / accounts["pulls_s"]))
+    assert 0 < accounts["last_pull"]["attributed_share"] <= 1 and accounts["last_pull"]["wall_s"] > 0

@@ -113,6 +113,13 @@ class LocalIterator(Generic[T]):
         return self
 
     def __next__(self) -> T:
+        profiler = self._cell.flow.profiler
+        if profiler is None:
+            return self._next(Backoff.wait)
+        with profiler.pulling():
+            return self._next(profiler.timed_wait)
+
+    def _next(self, wait: Callable[[Backoff], None]) -> T:
         backoff, since, warned = Backoff(), time.monotonic(), False
         while True:
             item = self._pull(True)
@@ -124,7 +131,7 @@ class LocalIterator(Generic[T]):
                 logger.warning("%r has produced no item for %.1f s; is a source stalled, or a "
                                "duplicate() child consumed without its siblings?", self, self.stall_warning_s)
                 warned = True
-            backoff.wait()
+            wait(backoff)
 
     def take(self, n: int) -> list[T]:
         """Pulls up to ``n`` items from this iterator (advancing it)."""
@@ -237,12 +244,15 @@ class LocalIterator(Generic[T]):
             [1, 2, 3]
             >>> print(it.profile())  # doctest: +ELLIPSIS
             profile: ... s of wall time since the first pull (cumulative)
+            named: ...
             | operator | in | out | in op s | waiting s | wall % |
             |:...|
             | for_each() | 3 | 3 | ... |
             | iter_list | - | 3 | ... |
-            | (outside the stages) | | | ... |
-            (outside the stages: wall time when no operator of the plan ran, ...
+            | (backoff: nothing ready) | | | ... |
+            | (between pulls) | | | ... |
+            | (unaccounted) | | | ... |
+            (backoff: ...
         """
         from flowrl.iter import profiling
         return profiling.table(self)

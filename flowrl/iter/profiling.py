@@ -44,28 +44,32 @@ Examples:
     {'iter_list': (None, 6), 'filter()': (6, 3), 'for_each()': (3, 3)}
     >>> print(it.profile())  # doctest: +ELLIPSIS
     profile: ... s of wall time since the first pull (cumulative)
+    named: ...% of the ... s inside pulls is in operators and backoffs (last pull: ...%)
     | operator | in | out | in op s | waiting s | wall % |
     |:...|
     | for_each() | 3 | 3 | ... | ... | ...% |
     | filter() | 6 | 3 | ... |
     | iter_list | - | 6 | ... |
-    | (outside the stages) | | | ... |
-    (outside the stages: wall time when no operator of the plan ran, ...
+    | (backoff: nothing ready) | | | ... |
+    | (between pulls) | | | ... |
+    | (unaccounted) | | | ... |
+    (backoff: the plan's sleeps inside a pull that found no item ready, ...
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import textwrap
 import time
 from collections import Counter
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from flowrl.iter import plan_graph
 from flowrl.iter.local import LocalIterator, flow_of, was_pulled
 from flowrl.iter.parallel import AsyncSource
 from flowrl.iter.pullers import DuplicateChild
-from flowrl.iter.stages import END, NOT_READY, Puller  # the profiler wraps the core's built stages
+from flowrl.iter.stages import END, NOT_READY, Backoff, Puller  # the profiler wraps the core's built stages
 from flowrl.metrics import Summary
 
 __all__ = ["enable", "profile_data", "table", "Profiler", "SAMPLE_INTERVAL_S", "TABLE_WIDTH", "OUTSIDE_NOTE"]
@@ -158,7 +162,39 @@ class Profiler:
         self.stack: list[float] = []
         self.start: float | None = None
         self.next_sample_at = 0.0
+        self.depth = 0  # next() calls of the flow's iterators under way (a stage may call next() on another)
+        self.pulls_s = 0.0  # wall time inside the outermost next() calls
+        self.backoff_s = 0.0  # the part of it slept in backoffs, when no item was ready
+        self.last_pull: dict[str, float | None] = {"wall_s": 0.0, "attributed_share": None}
         self._watch_queues()
+
+    @contextlib.contextmanager
+    def pulling(self) -> Iterator[None]:
+        """Brackets one ``next()`` of an iterator of the plan; the outermost ones add up to ``pulls_s``."""
+        start = time.perf_counter()
+        if self.start is None:
+            self.start = start
+        before = (self.backoff_s, self._operators_s()) if self.depth == 0 else None
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if before is not None:
+                wall = time.perf_counter() - start
+                self.pulls_s += wall
+                named = self.backoff_s - before[0] + self._operators_s() - before[1]
+                self.last_pull = {"wall_s": wall, "attributed_share": min(1.0, named / wall) if wall > 0 else None}
+
+    def timed_wait(self, backoff: Backoff) -> None:
+        """Sleeps ``backoff`` (a pull found nothing ready), counted in ``backoff_s`` for the outermost pull."""
+        start = time.perf_counter()
+        backoff.wait()
+        if self.depth == 1:
+            self.backoff_s += time.perf_counter() - start
+
+    def _operators_s(self) -> float:
+        return sum(s.inclusive_s - s.waiting_s for s in self.stats.values() if s.wrapped)
 
     def _watch_queues(self) -> None:
         """Gauges for the queues between an Enqueue and a Dequeue, and for learner threads' queues."""
@@ -215,7 +251,12 @@ class Profiler:
         return stats.items_out if stats.wrapped else None
 
     def data(self) -> dict[str, Any]:
-        """``{"wall_s": seconds since the first pull, "nodes": {label: {...}}}``, in graph order (plain data)."""
+        """``{"wall_s": seconds since the first pull, "nodes": {label: {...}}, "time": {...}}``, in graph order
+        (plain data). ``time`` accounts for the wall time: ``pulls_s`` inside the plan's ``next()`` calls, split
+        into ``operators_s`` (in the operators), ``backoff_s`` (sleeping while nothing was ready) and
+        ``unaccounted_s`` (the rest: the pull loop itself); ``between_pulls_s`` outside them (the caller's work);
+        ``attributed_share``, the part of ``pulls_s`` in operators and backoffs, and ``last_pull``, the same for
+        the latest ``next()`` alone (a Trainer's report)."""
         wall = time.perf_counter() - self.start if self.start is not None else 0.0
         nodes: dict[str, Any] = {}
         for node in self.graph.nodes:
@@ -232,7 +273,13 @@ class Profiler:
             if callable(info):
                 entry.update(info())
             nodes[self.labels[node.id]] = entry
-        return {"wall_s": wall, "nodes": nodes}
+        operators = self._operators_s()
+        named = operators + self.backoff_s
+        accounts = {"pulls_s": self.pulls_s, "operators_s": operators, "backoff_s": self.backoff_s,
+                    "unaccounted_s": max(0.0, self.pulls_s - named), "between_pulls_s": max(0.0, wall - self.pulls_s),
+                    "attributed_share": min(1.0, named / self.pulls_s) if self.pulls_s > 0 else None,
+                    "last_pull": dict(self.last_pull)}
+        return {"wall_s": wall, "nodes": nodes, "time": accounts}
 
 
 def _unique_labels(graph: plan_graph.PlanGraph) -> dict[int, str]:
@@ -321,11 +368,11 @@ def _notes(entry: dict[str, Any]) -> str:
 #: :func:`table` fits its lines in this many columns (a longer operator line is cut; notes wrap).
 TABLE_WIDTH = 100
 
-#: What the table's last row counts, said under the table.
-OUTSIDE_NOTE = ("(outside the stages: wall time when no operator of the plan ran, i.e. between pulls: "
-                "the caller's own work, such as a Trainer's result handling, logging and checkpoints between "
-                "train() calls, and the plan's backoff sleeps after a pull found no item ready, as an async plan "
-                "waits for its workers or learner)")
+#: What the table's last rows count, said under the table.
+OUTSIDE_NOTE = ("(backoff: the plan's sleeps inside a pull that found no item ready, as an async plan waits for "
+                "its workers or learner; between pulls: the caller's own work, such as a Trainer's result "
+                "handling, logging and checkpoints between train() calls; unaccounted: the rest of the time "
+                "inside pulls, the pull loop itself)")
 
 
 def table(plan: LocalIterator[Any]) -> str:
@@ -333,8 +380,9 @@ def table(plan: LocalIterator[Any]) -> str:
     within :data:`TABLE_WIDTH` columns.
 
     Columns: items in and out, seconds in the operator and waiting for its upstream, and its share of the wall
-    time. A last row holds the wall time outside the plan's stages, explained under the table
-    (:data:`OUTSIDE_NOTE`); then the notes of the operators that have some (staleness, queue depths, requests in
+    time. Three last rows hold the rest of the wall time: the backoff sleeps inside pulls, the time between pulls
+    and the time inside pulls that no operator or backoff accounts for, explained under the table
+    (:data:`OUTSIDE_NOTE`); the first line says which share of the time inside pulls is named; then the notes of the operators that have some (staleness, queue depths, requests in
     flight per shard).
 
     Raises:
@@ -345,22 +393,25 @@ def table(plan: LocalIterator[Any]) -> str:
     wall, nodes = data["wall_s"], data["nodes"]
     rows = [("operator", "in", "out", "in op s", "waiting s", "wall %")]
     notes: list[tuple[str, str]] = []
-    inside = 0.0
     for node_id, line, repeat in plan_graph.text_rows(profiler.graph):
         entry = nodes[profiler.labels[node_id]]
         if repeat:
             rows.append((line, "", "", "", "", ""))
             continue
-        inside += entry["time_in_op_s"] or 0.0
         share = entry["share_of_wall"]
         rows.append((line, _number(entry["items_in"]), _number(entry["items_out"]),
                      _number(entry["time_in_op_s"], ".3f"), _number(entry["time_waiting_s"], ".3f"),
                      "-" if share is None else f"{100 * share:.1f}%"))
         if note := _notes(entry):
             notes.append((profiler.labels[node_id], note))
-    outside = max(0.0, wall - inside)
-    rows.append(("(outside the stages)", "", "", f"{outside:.3f}", "",
-                 f"{100 * outside / wall:.1f}%" if wall > 0 else "-"))
+    accounts = data["time"]
+
+    def percent(seconds: float) -> str:
+        return f"{100 * seconds / wall:.1f}%" if wall > 0 else "-"
+
+    for name, key in (("(backoff: nothing ready)", "backoff_s"), ("(between pulls)", "between_pulls_s"),
+                      ("(unaccounted)", "unaccounted_s")):
+        rows.append((name, "", "", f"{accounts[key]:.3f}", "", percent(accounts[key])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     widths[0] = min(widths[0], TABLE_WIDTH - sum(w + 3 for w in widths[1:]) - 4)
     right = [False, True, True, True, True, True]
@@ -375,7 +426,11 @@ def table(plan: LocalIterator[Any]) -> str:
                              break_on_hyphens=False)
 
     rule = "|" + "|".join((("-" * (w + 1)) + ":" if r else ":" + "-" * (w + 1)) for w, r in zip(widths, right)) + "|"
-    lines = [f"profile: {wall:.3f} s of wall time since the first pull (cumulative)", render(rows[0]), rule,
+    attributed, last = accounts["attributed_share"], accounts["last_pull"]["attributed_share"]
+    lines = [f"profile: {wall:.3f} s of wall time since the first pull (cumulative)",
+             f"named: {'-' if attributed is None else f'{100 * attributed:.1f}%'} of the {accounts['pulls_s']:.3f} s "
+             f"inside pulls is in operators and backoffs (last pull: {'-' if last is None else f'{100 * last:.1f}%'})",
+             render(rows[0]), rule,
              *[render(row) for row in rows[1:]], *wrap(OUTSIDE_NOTE)]
     if notes:
         lines += ["notes:", *[line for label, note in notes for line in wrap(f"{label}: {note}", "  ")]]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 from flowrl.metrics import MetricsContext
 from flowrl.validation import check_int
@@ -133,9 +133,14 @@ class Puller:
 
 class StageWrapper(Protocol):
     """What a :class:`Flow` may hold as its ``profiler``: called with each record (an :class:`Origin` or a
-    :class:`Stage`) and its built puller as the chain is built; returns the puller to use."""
+    :class:`Stage`) and its built puller as the chain is built; returns the puller to use. ``pulling()`` brackets
+    each ``next()`` of an iterator of the flow, and ``timed_wait(backoff)`` sleeps a backoff inside one."""
 
     def wrap(self, record: object, puller: Puller) -> Puller: ...
+
+    def pulling(self) -> ContextManager[None]: ...
+
+    def timed_wait(self, backoff: Backoff) -> None: ...
 
 
 class Stage:
