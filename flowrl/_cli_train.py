@@ -156,7 +156,7 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
     built; joining a cluster fits it again to the cluster's. A chosen one is kept, with one line when it asks
     for more CPUs than this machine has (the local Ray instance is then given enough logical CPUs to hold it).
     """
-    from flowrl import executor, runtime
+    from flowrl import runtime
     from flowrl.config import available_cpus
     from flowrl.trainer import Trainer
 
@@ -180,8 +180,8 @@ def _make_trainer(algorithm: Algorithm, config: TrainerConfig, *, checkpoint: Pa
                 config = dataclasses.replace(config, num_workers=fitted)
     try:
         if checkpoint is not None:  # `config` is the checkpoint's, its env already named as _resume_config asks
-            with executor.using(config.executor):  # (--local on a resume: the saved config says how it ran)
-                return Trainer.from_checkpoint(checkpoint, env=config.env if isinstance(config.env, str) else None)
+            return Trainer.from_checkpoint(checkpoint, env=config.env if isinstance(config.env, str) else None,
+                                           executor=config.executor)
         return Trainer(algorithm, config)
     except ValueError as e:  # an unknown env id, GPUs or workers the machine cannot hold
         raise click.UsageError(str(e)) from None

@@ -174,7 +174,8 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
                    "README's table); --config values win over it.")
 @click.option("--local", "local", is_flag=True,
               help="Run every worker and actor in this process, with no Ray (executor=local): deterministic, and a "
-                   "breakpoint() in an env, a loss or an operator stops here. Also on --resume.")
+                   "breakpoint() in an env, a loss or an operator stops here. A resumed run runs on Ray "
+                   "unless --local is given again.")
 def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward: float | None,
           stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
           checkpoint_freq: int, resume: Path | None, log_dir: Path | None, seed: int | None,
@@ -205,8 +206,8 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
         raise click.UsageError("--local runs everything in this process; it cannot join a cluster: drop --local or "
                                "--address")
     config, checkpoint = _config_and_checkpoint(algorithm, items, resume)
-    if local:  # how it runs, not what it learns: a resumed run may change it
-        config = dataclasses.replace(config, executor="local")
+    if local or checkpoint is not None:  # how it runs, not what it learned: resumed, it runs on Ray unless --local
+        config = dataclasses.replace(config, executor="local" if local else "ray")
     if note is not None:
         click.echo(note, err=True)
     run_dir = _run_dir(log_dir, checkpoint, algorithm, config)

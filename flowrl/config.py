@@ -389,6 +389,13 @@ class TrainerConfig(RolloutConfig):
         ignore_worker_failures: drop failed workers and go on (when not recreating them).
         recreate_failed_workers: replace failed workers with the current weights and go on.
         store_buffer_in_checkpoints: checkpoints include trainer-owned replay data.
+        record: a path: the :class:`~flowrl.trainer.Trainer` writes the run's nondeterministic decisions there
+            (which requests each gather found done, the learner thread's progress at each look of the driver;
+            :mod:`flowrl.decisions`), so that ``replay`` can re-run it exactly. ``None``: nothing is recorded.
+        replay: the path of a log written by ``record``: the run forces the recorded decisions, under either
+            executor, and gives the recorded run's weights and counters bit for bit; it must have the recorded
+            run's algorithm and config (checked at start) and raises ``ReplayDivergence`` at the first decision
+            that differs.
     """
 
     num_workers: int = bounded(default_factory=num_workers_that_fit(2, "TrainerConfig"), ge=0,
@@ -406,9 +413,21 @@ class TrainerConfig(RolloutConfig):
     ignore_worker_failures: bool = False
     recreate_failed_workers: bool = True
     store_buffer_in_checkpoints: bool = False
+    record: str | None = None
+    replay: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.record is not None and self.replay is not None:
+            raise ValueError(f"record={self.record!r} and replay={self.replay!r}: a run either records its decisions "
+                             f"or replays recorded ones; drop one")
+        if (self.record is not None or self.replay is not None) and self.seed is None:
+            raise ValueError(f"{'record' if self.record is not None else 'replay'}= needs a seed: an unseeded run "
+                             f"draws its weights and envs afresh, which no log can repeat; set seed (e.g. seed=0)")
+        if (self.record is not None or self.replay is not None) and self.min_iter_time_s > 0:
+            raise ValueError(f"min_iter_time_s={self.min_iter_time_s:g} ends reports by the clock, which a replay "
+                             f"cannot repeat; set min_iter_time_s=0 (timesteps_per_iteration gates reports by steps) "
+                             f"to record or replay a run")
         if self.count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by={self.count_steps_by!r}; use 'env_steps' or 'agent_steps'")
         if self.model.use_lstm and not self.use_simple_optimizer:

@@ -42,7 +42,7 @@ import pickle
 import sys
 from typing import Any, Callable, Iterator, Literal, Sequence, get_args
 
-from flowrl import runtime
+from flowrl import decisions, runtime
 
 import ray  # noqa: E402,I001  (after flowrl.runtime, which sets Ray's environment first)
 from ray import cloudpickle  # noqa: E402
@@ -309,13 +309,48 @@ def get(refs: Any, *, timeout: float | None = None) -> Any:
     return ray.get(refs, timeout=timeout)
 
 
+#: The longest a replayed wait waits for the requests the log says were done (they never finish when the run
+#: diverged from the recorded one).
+REPLAY_WAIT_S = 600.0
+
+
 def wait(refs: Sequence[Any], *, num_returns: int = 1, timeout: float | None = None,
          fetch_local: bool = True) -> tuple[list[Any], list[Any]]:
     """``ray.wait``: ``(ready, not_ready)``, both in the order of ``refs``. Local references are always ready,
-    so under the local executor the first ``num_returns`` are."""
+    so under the local executor the first ``num_returns`` are.
+
+    A decision of the run (:mod:`flowrl.decisions`): recorded under ``record=``; under ``replay=`` the recorded
+    ready set is returned, once those requests are done."""
     refs = list(refs)
     if not refs:
         return [], []  # (Ray would start an instance to answer this)
+    log = decisions.active()
+    if log is None:
+        return _wait(refs, num_returns, timeout, fetch_local)
+    site = sys._getframe(1).f_code.co_qualname
+    if isinstance(log, decisions.Replayer):
+        (count, positions), progress = log.next_entry("wait", site)
+        if count != len(refs):
+            raise decisions.ReplayDivergence(
+                f"replay of {log.path} diverged at report {log.report}, decision #{log.position}: the log waited in "
+                f"{site} on {count} requests, the run on {len(refs)}")
+        log.advance(progress)
+        chosen = [refs[i] for i in positions]
+        pending = [r for r in chosen if not isinstance(r, LocalRef)]
+        if pending and len(ray.wait(pending, num_returns=len(pending), timeout=REPLAY_WAIT_S)[0]) < len(pending):
+            raise decisions.ReplayDivergence(
+                f"replay of {log.path}: at report {log.report}, decision #{log.position} ({site}), requests the log "
+                f"found done were not done after {REPLAY_WAIT_S:g} s; the run diverged from the recorded one")
+        picked = set(positions)
+        return chosen, [r for i, r in enumerate(refs) if i not in picked]
+    ready, rest = _wait(refs, num_returns, timeout, fetch_local)
+    index = {r: i for i, r in enumerate(refs)}
+    log.write("wait", site, [len(refs), [index[r] for r in ready]], log.progress())  # in the order Ray gave
+    return ready, rest
+
+
+def _wait(refs: list[Any], num_returns: int, timeout: float | None,
+          fetch_local: bool) -> tuple[list[Any], list[Any]]:
     local = [r for r in refs if isinstance(r, LocalRef)]
     if not local:
         return ray.wait(refs, num_returns=num_returns, timeout=timeout, fetch_local=fetch_local)

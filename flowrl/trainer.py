@@ -27,13 +27,15 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
-from flowrl import executor, profiling, runtime
+from flowrl import decisions, executor, profiling, runtime
 from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorithm, read_checkpoint, restoring,
                                 sweep_checkpoint_dir, write_checkpoint)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
@@ -140,7 +142,8 @@ class Trainer:
         batch_warning = config.train_batch_size_warning()
         if batch_warning is not None:
             logger.warning("%s", batch_warning)
-        with executor.using(self.executor):
+        self._decisions = self._decision_log(config)
+        with executor.using(self.executor), self._recording():
             if config.num_workers and self.executor == "ray":
                 runtime.ensure_initialized()
             self.workers = self._make_workers(config)
@@ -153,21 +156,40 @@ class Trainer:
                 self._release()  # a plan that cannot be built leaves no worker or owned actor behind
                 raise
 
+    def _decision_log(self, config: TrainerConfig) -> decisions.Recorder | decisions.Replayer | None:
+        """The log of the run's decisions that ``record`` or ``replay`` asks for (checked against this run)."""
+        if config.record is None and config.replay is None:
+            return None
+        fields = config_to_data(config)["fields"]
+        for name in ("record", "replay", "executor"):  # how the run is driven, not what it computes
+            fields.pop(name, None)
+        header = {"algorithm": self.algorithm.name, "config": fields}
+        if config.replay is not None:
+            return decisions.Replayer(config.replay, header)
+        return decisions.Recorder(str(config.record), header)
+
+    def _recording(self) -> Any:
+        return decisions.recording(self._decisions) if self._decisions is not None else contextlib.nullcontext()
+
     def _make_workers(self, config: TrainerConfig) -> WorkerSet:
         """The WorkerSet the plan runs over (:func:`flowrl.testing.make_fake_trainer` makes fake ones)."""
         return WorkerSet(policy_class=self.algorithm.policy_class, config=config)
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_path: str | Path, *, env: str | None = None) -> Trainer:
+    def from_checkpoint(cls, checkpoint_path: str | Path, *, env: str | None = None,
+                        executor: Literal["ray", "local"] | None = None) -> Trainer:
         """A trainer of the checkpoint's registered algorithm and saved config, restored from it.
 
         ``env`` names the checkpoint's env again: needed for a ``"module:Id"`` env (see
-        :func:`load_checkpoint_config`).
+        :func:`load_checkpoint_config`). ``executor`` (``"ray"`` or ``"local"``) replaces the saved config's: how
+        a run executes is not part of what it learned.
 
         Raises:
             ValueError: as :func:`load_checkpoint_config` and :meth:`restore`.
         """
         algorithm, config = load_checkpoint_config(checkpoint_path, env=env)
+        if executor is not None:
+            config = dataclasses.replace(config, executor=executor)
         trainer = cls(algorithm, config)
         try:
             trainer.restore(checkpoint_path)
@@ -222,7 +244,9 @@ class Trainer:
                 shard); a dead actor that the trainer cannot replace failed the plan twice in this call; or no
                 remote worker remains.
         """
-        with executor.using(self.executor):
+        with executor.using(self.executor), self._recording():
+            if self._decisions is not None:
+                self._decisions.start_report(self.training_iteration + 1)
             return self._train()
 
     def _train(self) -> dict[str, Any]:
@@ -332,6 +356,8 @@ class Trainer:
                 self._plan.close()
             finally:
                 self._release()
+                if self._decisions is not None:
+                    self._decisions.close()
 
     def _release(self) -> None:
         """Stops the workers and closes the trainer-owned state that has a ``close()``."""

@@ -302,3 +302,30 @@ def test_memory_on_the_command_line_trains_resumes_and_evaluates(args: tuple[str
     assert "at iteration 2" in result.output and (run_dir / "checkpoints" / "checkpoint_000003").is_dir()
     result = invoke("evaluate", run_dir, "--episodes", 2, "--seed", 0)
     assert result.exit_code == 0 and "2 episodes (greedy)" in result.output, result.output
+
+
+def test_local_trains_in_this_process_and_a_resumed_run_runs_on_ray_unless_local_again(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrl import executor
+    from flowrl.trainer import Trainer
+
+    built: list[str] = []
+    real_init = Trainer.__init__
+
+    def spy(self: Trainer, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        built.append(f"{self.executor} {[type(w).__name__ for w in self.workers.remote_workers()]}")
+
+    monkeypatch.setattr(Trainer, "__init__", spy)
+    common = ("--config", "num_workers=2", "--config", "rollout_fragment_length=50", "--config",
+              "train_batch_size=100", "--config", "timesteps_per_iteration=0", "--log-dir", tmp_path / "run")
+    result = invoke("train", "pg", "--env", "CartPole-v1", "--local", "--stop-iters", 1, "--seed", 0, *common)
+    assert result.exit_code == 0, result.output
+    for stop, flag in ((2, ["--local"]), (3, [])):
+        result = invoke("train", "pg", "--resume", tmp_path / "run", *flag, "--stop-iters", stop, "--log-dir",
+                        tmp_path / "run")
+        assert result.exit_code == 0, result.output
+    assert built == ["local ['LocalActor', 'LocalActor']"] * 2 + ["ray ['ActorHandle', 'ActorHandle']"]
+    assert executor.current() == "ray"  # nothing leaked out of the commands
+    bad = invoke("train", "pg", "--local", "--address", "auto", "--stop-iters", 1)
+    assert bad.exit_code == 2 and "--local runs everything in this process" in bad.output

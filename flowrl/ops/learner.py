@@ -20,13 +20,14 @@ import copy
 import logging
 import math
 import queue
+import sys
 import threading
 from collections import deque
 from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 import numpy as np
 
-from flowrl import executor
+from flowrl import decisions, executor
 from flowrl.metrics import (LEARNER_DEQUEUE_TIMER, LEARNER_GRAD_TIMER, LEARNER_INFO, LEARNER_LOAD_TIMER,
                             LEARNER_LOAD_WAIT_TIMER, LEARNER_OVERALL_TIMER, LEARNER_QUEUE_INFO, LEARNER_STATS_KEY,
                             TIMING_BREAKDOWN_INFO, Timer)
@@ -132,6 +133,32 @@ class _SteppedQueue(queue.Queue[Any]):
         self.learner.run_ready_steps()
 
 
+class _ObservedLock:
+    """A learner's ``weights_lock`` under a decision log: each time the driver takes it (to read the weights,
+    or update a target network) is a decision that records, or replays, how far the learner had trained."""
+
+    def __init__(self, lock: threading.Lock | threading.RLock, log: decisions.Recorder | decisions.Replayer) -> None:
+        self.lock, self.log = lock, log
+
+    def __enter__(self) -> None:
+        site = sys._getframe(1).f_code.co_qualname
+        if isinstance(self.log, decisions.Replayer):
+            self.log.decide("lock", site, lambda: None)  # the learner advanced first: it takes the lock itself
+            self.lock.acquire()
+        else:
+            self.lock.acquire()
+            self.log.decide("lock", site, lambda: None)  # while held: the learner cannot step on
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self.lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+
 class _LearnerBase(threading.Thread):
     """What every learner thread shares: queues, the weights flag and lock, error capture, stop, stats.
 
@@ -145,18 +172,33 @@ class _LearnerBase(threading.Thread):
         super().__init__(name=name, daemon=True)
         check_int(f"{type(self).__name__} learner_queue_size", learner_queue_size, 1)
         self.local_worker = local_worker
-        self.scheduled = executor.current() == "local"
+        # under a decision log (flowrl.decisions), what the driver sees of this learner is recorded or replayed;
+        # replaying, the learner is scheduled and trains only as far as the log says before each decision
+        self._log = decisions.active()
+        replayed = isinstance(self._log, decisions.Replayer)
+        self.scheduled = executor.current() == "local" or replayed
         self._scheduled_started = False
-        self.inqueue: queue.Queue[Any] = (_SteppedQueue(self, learner_queue_size) if self.scheduled else
-                                          queue.Queue(maxsize=learner_queue_size))
-        self.outqueue: queue.Queue[Any] = queue.Queue()
+        self.inqueue: queue.Queue[Any]
+        self.outqueue: queue.Queue[Any]
+        if self._log is not None:
+            self.inqueue = decisions.ObservedQueue(learner_queue_size, f"{name} in-queue", driver_op="put")
+            self.outqueue = decisions.ObservedQueue(0, f"{name} out-queue", driver_op="get")
+        else:
+            self.inqueue = (_SteppedQueue(self, learner_queue_size) if self.scheduled else
+                            queue.Queue(maxsize=learner_queue_size))
+            self.outqueue = queue.Queue()
         # the worker's own lock where it has one (RolloutWorker.learn_lock), so its get_state in the driver
         # (a checkpoint) waits for the step in progress instead of reading a half-updated network
         lock = getattr(local_worker, "learn_lock", None)
-        self.weights_lock: threading.Lock | threading.RLock = lock if lock is not None else threading.Lock()
-        self.weights_updated = False
+        self._lock: threading.Lock | threading.RLock = lock if lock is not None else threading.Lock()
+        self.weights_lock: Any = self._lock if self._log is None else _ObservedLock(self._lock, self._log)
+        if self._log is not None and lock is not None:
+            local_worker.learn_lock = self.weights_lock  # type: ignore[attr-defined]  # the driver's takes observed too
+        self._weights_updated = False
+        self._version = 0  # odd while a step publishes its update: the driver reads flag and steps consistently
         self.learner_info: dict[str, Any] = {}
         self.num_steps = 0
+        decisions.register_learner(self)
         self.error: BaseException | None = None
         self.queue_timer, self.grad_timer = Timer(), Timer()
         self.learner_queue_size = _SizeWindow(50)
@@ -180,12 +222,59 @@ class _LearnerBase(threading.Thread):
         """The step that can run now without waiting (a scheduled learner), or ``None``."""
         return self.step if self.inqueue.qsize() else None
 
+    @property
+    def weights_updated(self) -> bool:
+        """Whether a learn step changed the weights since the driver last cleared the flag (a decision of the
+        run under a log: :mod:`flowrl.decisions`)."""
+        log = self._log
+        if log is None:
+            return self._weights_updated
+        site = sys._getframe(1).f_code.co_qualname
+        if isinstance(log, decisions.Replayer):
+            flag, progress = log.next_entry("flag", site)
+            log.advance(progress)
+            if bool(flag) != self._weights_updated:
+                raise decisions.ReplayDivergence(f"replay of {log.path} diverged at report {log.report}, decision "
+                                                 f"#{log.position}: {site} read weights_updated={bool(flag)} in the "
+                                                 f"recorded run, {self._weights_updated} now")
+            return bool(flag)
+        while True:  # the flag and the step count of one moment, never half a step's update
+            version = self._version
+            flag, steps = self._weights_updated, self.num_steps
+            if version % 2 == 0 and version == self._version:
+                break
+        progress = [steps if learner is self else learner.num_steps for learner in log.learners]
+        log.write("flag", site, int(flag), progress)
+        return flag
+
+    @weights_updated.setter
+    def weights_updated(self, value: bool) -> None:
+        self._weights_updated = value
+
+    def advance_to(self, num_steps: int) -> None:
+        """A replayed learner's turn: learn steps until ``num_steps`` are done (what the log recorded).
+
+        Raises:
+            ReplayDivergence: the steps it needs cannot run (nothing to train on): the run diverged.
+        """
+        while self.num_steps < num_steps:
+            step = self._next_ready_step()
+            if step is None:
+                log = self._log
+                raise decisions.ReplayDivergence(
+                    f"replay of {getattr(log, 'path', '?')} diverged at report {getattr(log, 'report', '?')}: the "
+                    f"log has {self.name} at {num_steps} learn steps, but it has nothing to train on after "
+                    f"{self.num_steps}")
+            step()
+
     def run_ready_steps(self) -> None:
         """A scheduled learner's turn: runs the steps that can run now, until none can (or one fails: its error
         is kept in ``error``, as a thread keeps it). Does nothing before ``start()``, after ``stop()``, or
         for a learner that runs as a thread."""
         if not (self.scheduled and self._scheduled_started) or self.stopped or self.error is not None:
             return
+        if isinstance(self._log, decisions.Replayer):
+            return  # a replayed learner trains only as far as the log says, at each decision
         try:
             while (step := self._next_ready_step()) is not None:
                 step()
@@ -250,11 +339,13 @@ class _LearnerBase(threading.Thread):
         """``learn_on_batch`` under the grad timer and the weights lock; sets ``weights_updated``. Records the
         batch's staleness first (this thread is the only one that changes the learner's weights)."""
         record_staleness(self.staleness, self.local_worker, batch)
-        with self.grad_timer, self.weights_lock:
+        with self.grad_timer, self._lock:
             info = dict(self.local_worker.learn_on_batch(batch))
-            self.weights_updated = True
+            self._version += 1  # the flag and the step count change together (see weights_updated)
+            self._weights_updated = True
+            self.num_steps += 1
+            self._version += 1
         self.grad_timer.push_units_processed(batch.count)
-        self.num_steps += 1
         return info
 
 

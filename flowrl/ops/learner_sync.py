@@ -14,6 +14,8 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Mapping
 
 from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, LAST_TARGET_UPDATE_TS, LEARNER_INFO, NUM_LEARNER_UPDATES,
@@ -236,7 +238,8 @@ class UpdateTargetAndKL(MetricsBinding):
         if updates < counters[LAST_TARGET_UPDATE_TS] + self.period:
             return learner_info
         local = self.workers.local_worker()
-        with self.metrics.timers[TARGET_NET_UPDATE_TIMER]:
+        # under the worker's learn lock (the learner thread's weights lock): never a network halfway through a step
+        with self.metrics.timers[TARGET_NET_UPDATE_TIMER], getattr(local, "learn_lock", contextlib.nullcontext()):
             for pid in local.policies_to_train:
                 local.get_policy(pid).update_target()
         counters[NUM_TARGET_UPDATES] += 1
