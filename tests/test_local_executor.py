@@ -54,10 +54,11 @@ class Outcome:
     rewards: list[tuple[float | None, int]]  # each report's mean return (None before an episode ends), episodes
 
 
-def run(name: str, executor_name: str, iterations: int = 2, seed: int = 7) -> Outcome:
+def run(name: str, executor_name: str, iterations: int = 2, seed: int = 7, **fields: Any) -> Outcome:
+    """``iterations`` reports of ``name`` with 2 workers (``fields``: more config, e.g. ``record=PATH``)."""
     algorithm = get_algorithm(name)
     config = algorithm.config_class(seed=seed, num_workers=2, executor=executor_name,  # type: ignore[call-arg]
-                                    **SETTINGS[name])
+                                    **SETTINGS[name], **fields)
     trainer = Trainer(algorithm, config)
     try:
         results = [trainer.train() for _ in range(iterations)]

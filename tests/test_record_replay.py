@@ -14,6 +14,7 @@ from flowrl.algorithms import get_algorithm
 from flowrl.trainer import Trainer
 
 from test_local_executor import SETTINGS, Outcome, assert_identical, differences
+from test_local_executor import run as run_plan
 
 ASYNC = ["a3c", "impala", "appo", "apex"]
 # and the multi-agent composition, whose async union of its two branches makes its Ray runs timing-dependent too:
@@ -22,21 +23,8 @@ RECORDED = [*ASYNC, "multiagent"]
 REPORTS = 20
 
 
-def run(name: str, executor_name: str, reports: int = REPORTS, seed: int = 11, **log: Any) -> Outcome:
-    from flowrl import executor
-
-    algorithm = get_algorithm(name)
-    config = algorithm.config_class(seed=seed, num_workers=2, executor=executor_name,  # type: ignore[call-arg]
-                                    **SETTINGS[name], **log)
-    trainer = Trainer(algorithm, config)
-    try:
-        results = [trainer.train() for _ in range(reports)]
-        remote = executor.get([w.get_state.remote() for w in trainer.workers.remote_workers()])
-        return Outcome(learner=trainer.workers.local_worker().get_state(), remote=remote,
-                       counters=dict(trainer.plan.metrics.counters),
-                       rewards=[(r.get("episode_reward_mean"), r["episodes_total"]) for r in results])
-    finally:
-        trainer.stop()
+def run(name: str, executor_name: str, reports: int = REPORTS, **log: Any) -> Outcome:
+    return run_plan(name, executor_name, iterations=reports, seed=11, **log)
 
 
 @pytest.fixture(scope="module")
