@@ -28,10 +28,14 @@ def ray_session() -> Iterator[None]:
 
 
 @pytest.fixture
-def local_executor() -> Iterator[None]:
+def local_executor(request: pytest.FixtureRequest) -> Iterator[None]:
     """Runs the test under the local executor (every actor in this process; see flowrl/executor.py): for tests
     of what a plan computes rather than of Ray itself. A module opts in with
-    ``pytestmark = pytest.mark.usefixtures("local_executor")``."""
+    ``pytestmark = pytest.mark.usefixtures("local_executor")``; a test in it that is about Ray itself (remote
+    tasks, Ray's errors, what crosses Ray's wire) stays on Ray with ``@pytest.mark.on_ray``."""
+    if request.node.get_closest_marker("on_ray") is not None:
+        yield
+        return
     with runtime.local_executor():
         yield
 

@@ -21,6 +21,10 @@ from flowrl.iter import (LocalIterator, ParallelIterator, ParallelIteratorWorker
 from flowrl.iter.shards import from_wire, to_wire
 from flowrl.sample_batch import MultiAgentBatch, SampleBatch
 
+# The semantics of gathers, shards and repartitions hold under either executor, so the shards this module starts
+# itself run locally (seconds instead of a process each); the `pool` below and the tests marked `on_ray` keep Ray.
+pytestmark = pytest.mark.usefixtures("local_executor")
+
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class CountingShard(ParallelIteratorWorker):
@@ -299,6 +303,7 @@ class Tracker:
         return self.max_total, self.violations, self.enters
 
 
+@pytest.mark.on_ray
 @pytest.mark.parametrize("gather", ["gather_sync", "gather_async"])
 def test_for_each_max_concurrency_keeps_k_tasks_running_per_shard(pool: list[Any], gather: str) -> None:
     tracker = Tracker.remote()  # type: ignore[attr-defined]
@@ -360,6 +365,7 @@ def consume_shard_in_nested_task(pi: ParallelIterator[Any], i: int) -> list[Any]
     return ray.get(consume.remote(pi.get_shard(i)))
 
 
+@pytest.mark.on_ray
 def test_iterators_are_consumed_in_remote_tasks() -> None:
     pi = from_range(6, num_shards=2).for_each(lambda x: x * 10)
     assert sorted(ray.get(consume.remote(pi.gather_async().for_each(lambda x: x + 1)))) == [1, 11, 21, 31, 41, 51]
@@ -382,7 +388,7 @@ def test_select_shards_children_are_disjoint(pool: list[Any]) -> None:
 
 
 def test_repartition() -> None:
-    # Each repartition starts its own shard actors (~1 s each on 2 cores), so the checks share three of them.
+    # On Ray each repartition starts its own shard actors (~1 s each on 2 cores), so the checks share three of them.
     part = from_range(8, 2).repartition(3)
     assert part.num_shards() == 3
     membership = [sorted(s.take(100)) for s in part.shards()]
@@ -475,6 +481,7 @@ def test_a_superseded_gather_raises_and_sequential_regathers_work() -> None:
         siblings[0].take(3)  # its buffered round is used up, and the next round is refused
 
 
+@pytest.mark.on_ray
 def test_errors_in_shards_propagate_as_ray_errors_with_the_original_cause() -> None:
     def fail(x: int) -> int:
         raise KeyError(f"bad {x}")
@@ -543,6 +550,7 @@ def test_a_shard_answers_a_small_batch_as_bytes_and_a_large_one_as_itself() -> N
     assert type(second) is SampleBatch and second == large
 
 
+@pytest.mark.on_ray
 @pytest.mark.parametrize("gather", ["gather_sync", "gather_async", "gather_async_k2", "gather_async_batched",
                                     "batch_across_shards", "get_shard", "repartition"])
 def test_every_gather_delivers_every_kind_of_item_unchanged(gather: str) -> None:
