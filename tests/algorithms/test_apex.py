@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import ray
 
+from flowrl import executor
 from flowrl.algorithms import apex
 from flowrl.algorithms import get_algorithm
 from flowrl.algorithms.apex import (ALGORITHM, ApexConfig, ApexPolicy, ApexSettings, ExploresPerWorker,
@@ -26,6 +27,8 @@ from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, PRIORITIES, REWARDS, TE
 from flowrl.testing import make_fake_workers, plan_lines
 from flowrl.trainer import Trainer
 from flowrl.workers import WorkerSet
+
+pytestmark = pytest.mark.usefixtures("local_executor")  # plans, not Ray (conftest.py); learner-thread tests: on_ray
 
 TINY = ModelConfig(hidden_sizes=(8,))
 # a small plan setting: one shard, reports every 100 sampled steps
@@ -45,7 +48,7 @@ def _epsilon(worker: Any) -> float:
 
 def _alive(actor: Any) -> bool:
     try:
-        ray.get(actor.ping.remote(), timeout=30)
+        executor.get(actor.ping.remote(), timeout=30)
         return True
     except ray.exceptions.RayActorError:
         return False
@@ -102,11 +105,11 @@ def test_registered_under_apex_with_trainer_owned_replay_shards() -> None:
     state = make_owned_state(dataclasses.replace(SMALL, num_replay_buffer_shards=2))
     try:
         assert list(state) == ["replay_actors"] and len(state["replay_actors"]) == 2
-        stats = ray.get([a.stats.remote() for a in state["replay_actors"]])
+        stats = executor.get([a.stats.remote() for a in state["replay_actors"]])
         assert [s["num_added"] for s in stats] == [0, 0]
     finally:
         for actor in state["replay_actors"]:
-            ray.kill(actor)
+            executor.kill(actor)
 
 
 # -- per-worker exploration ----------------------------------------------------------------------------
@@ -221,9 +224,10 @@ def test_plan_reads_like_the_figure(num_workers: int, training_intensity: float 
     finally:
         workers.stop()
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
 
 
+@pytest.mark.on_ray
 def test_close_stops_the_learner_and_kills_only_the_shards_the_plan_made(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[Any] = []
 
@@ -248,7 +252,7 @@ def test_close_stops_the_learner_and_kills_only_the_shards_the_plan_made(monkeyp
         assert not learner.is_alive() and all(_alive(s) for s in shards)  # they survive a plan rebuild
     finally:
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
 
 
 def test_the_three_sub_flows_all_progress() -> None:
@@ -259,14 +263,14 @@ def test_the_three_sub_flows_all_progress() -> None:
         results = [next(it) for _ in range(6)]
         info = results[-1]["info"]
         # (1) store: every sampled step reached the shard
-        stats = ray.get(shards[0].stats.remote())
+        stats = executor.get(shards[0].stats.remote())
         assert info["num_steps_sampled"] >= 600 and stats["num_added"] > SMALL.learning_starts
         # (2) replay -> learner and (3) update: trained batches counted from the out-queue, priorities sent back
         assert info["num_learner_updates"] > 0 and info["num_steps_trained"] == 20 * info["num_learner_updates"]
         # the learner thread trained at least what the report counts (it keeps training queued batches after it)
         assert 0 < info["num_steps_trained"] <= sum(workers.local_worker().learn_calls)
         deadline = time.monotonic() + 30
-        while ray.get(shards[0].stats.remote())["policy_default_policy"]["max_priority"] == 1.0:
+        while executor.get(shards[0].stats.remote())["policy_default_policy"]["max_priority"] == 1.0:
             assert time.monotonic() < deadline, "no priority update reached the shard"
             time.sleep(0.05)
         # ... and drive the target network by trained steps
@@ -278,7 +282,7 @@ def test_the_three_sub_flows_all_progress() -> None:
         it.close()
         workers.stop()
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
 
 
 def test_reports_carry_replay_shard_0_stats() -> None:
@@ -295,13 +299,13 @@ def test_reports_carry_replay_shard_0_stats() -> None:
         policy = stats["policy_default_policy"]
         assert 0 < stats["num_entries"] == policy["num_entries"] <= stats["capacity"]
         assert policy["num_added"] == policy["num_timesteps_added"] > 0 and policy["max_priority"] >= 1.0
-        now = ray.get(shards[0].stats.remote())  # shard 0's own answer, asked later: at least as far along
+        now = executor.get(shards[0].stats.remote())  # shard 0's own answer, asked later: at least as far along
         assert now["num_added"] >= stats["num_added"] and now["capacity"] == stats["capacity"]
     finally:
         it.close()
         workers.stop()
         for shard in shards:
-            ray.kill(shard)
+            executor.kill(shard)
 
 
 def test_round_robin_variant_trains_by_intensity() -> None:
@@ -326,11 +330,11 @@ def test_remote_workers_get_fresh_weights_every_max_weight_sync_delay_steps() ->
     config = dataclasses.replace(SMALL, num_workers=2, max_weight_sync_delay=30)
     workers = make_fake_workers(2, rollout_fragment_length=10)
     initial = [len(r["set_weights_calls"]) + 1  # + ParallelRollouts' broadcast at construction
-               for r in ray.get([w.get_record.remote() for w in workers.remote_workers()])]
+               for r in executor.get([w.get_record.remote() for w in workers.remote_workers()])]
     it = plan(workers, config)
     try:
         info = [next(it) for _ in range(5)][-1]["info"]
-        records = ray.get([w.get_record.remote() for w in workers.remote_workers()])
+        records = executor.get([w.get_record.remote() for w in workers.remote_workers()])
         syncs = [len(r["set_weights_calls"]) - n for r, n in zip(records, initial)]
         assert sum(syncs) == info["num_weight_syncs"] > 0 and min(syncs) > 0
         for r, n in zip(records, syncs):  # one sync per 3 delivered fragments of 10 (some are still in flight)
@@ -341,6 +345,7 @@ def test_remote_workers_get_fresh_weights_every_max_weight_sync_delay_steps() ->
         workers.stop()
 
 
+@pytest.mark.on_ray
 def test_trainer_runs_apex_on_its_own_shards_and_stop_ends_the_learner() -> None:
     before = _learner_threads()
     config = dataclasses.replace(SMALL, env="CartPole-v1", num_replay_buffer_shards=2)
@@ -349,7 +354,7 @@ def test_trainer_runs_apex_on_its_own_shards_and_stop_ends_the_learner() -> None
         shards = trainer.owned_state["replay_actors"]
         result = trainer.train()
         assert result["info"]["num_steps_trained"] > 0 and result["timesteps_total"] >= 100
-        assert sum(ray.get(s.stats.remote())["num_added"] for s in shards) > 0
+        assert sum(executor.get(s.stats.remote())["num_added"] for s in shards) > 0
         (learner,) = _learner_threads() - before
     finally:
         trainer.stop()
@@ -365,11 +370,11 @@ def test_trainer_checkpoints_the_replay_shards_when_asked() -> None:
         trainer.train()
         with tempfile.TemporaryDirectory() as tmp:
             path = trainer.save(tmp)
-            saved = ray.get(shards[0].stats.remote())["num_added"]
+            saved = executor.get(shards[0].stats.remote())["num_added"]
             trainer.train()
-            assert ray.get(shards[0].stats.remote())["num_added"] > saved
+            assert executor.get(shards[0].stats.remote())["num_added"] > saved
             trainer.restore(path)
-        assert ray.get(shards[0].stats.remote())["num_added"] == saved > 0
+        assert executor.get(shards[0].stats.remote())["num_added"] == saved > 0
     finally:
         trainer.stop()
 
