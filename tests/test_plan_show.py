@@ -3,7 +3,6 @@ the graph is the one a Trainer runs."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +16,11 @@ from flowrl.trainer import Trainer
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.usefixtures("local_executor")  # the trainer's actors in this process: its defaults, in a blink
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_the_stand_in_plan_has_the_trainers_graph(name: str) -> None:
     algorithm = get_algorithm(name)
-    default = algorithm.config_class()
-    # one remote worker (an actor that imports torch, ~3 s each on 2 cores) is enough to compare the graphs
-    config = dataclasses.replace(default, num_workers=min(default.num_workers, 1), num_cpus_per_worker=0)
+    config = algorithm.config_class()
     trainer = Trainer(algorithm, config)
     try:
         trained = plan_graph.to_text(plan_graph.build(trainer.plan))
