@@ -291,13 +291,13 @@ def test_memory_on_the_command_line_trains_resumes_and_evaluates(args: tuple[str
     """`flowrl train ppo --config use_lstm=true` (model.use_lstm by its own name) and `flowrl train r2d2` on the
     stateless CartPole: checkpoints every iteration, a resume goes on from the saved iteration with the recurrent
     state of the workers, and `flowrl evaluate` acts with a carried state."""
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "run"  # --local: what is remembered does not depend on where the workers run
     result = invoke("train", *args, "--env", "flowrl/StatelessCartPole-v1", "--seed", 1, "--stop-iters", 2,
-                    "--log-dir", run_dir)
+                    "--log-dir", run_dir, "--local")
     assert result.exit_code == 0, result.output
     checkpoint = run_dir / "checkpoints" / "checkpoint_000002"
     assert checkpoint.is_dir()
-    result = invoke("train", args[0], "--resume", run_dir, "--stop-iters", 3)
+    result = invoke("train", args[0], "--resume", run_dir, "--stop-iters", 3, "--local")
     assert result.exit_code == 0, result.output
     assert "at iteration 2" in result.output and (run_dir / "checkpoints" / "checkpoint_000003").is_dir()
     result = invoke("evaluate", run_dir, "--episodes", 2, "--seed", 0)
