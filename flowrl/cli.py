@@ -55,6 +55,7 @@ import inspect
 import math
 import os
 import re
+import sys
 import textwrap
 import time
 from datetime import datetime
@@ -102,6 +103,10 @@ def _env_name(env: Any) -> str:
 @click.group(name="flowrl", context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """flowrl: distributed RL as a dataflow. `python -m flowrl` alone runs the main job (PPO on CartPole-v1)."""
+    # As under `python -m flowrl`, a module in the current directory is importable by path (`--config
+    # callbacks=my_metrics:MyCallbacks`); Ray's workers get the driver's directory on their path too.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def _algorithm_arg(ctx: click.Context, param: click.Parameter, value: str) -> str:

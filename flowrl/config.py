@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, TypeVar
 
 from flowrl._config_hints import Hint, config_field_types, field_hints
+from flowrl.callbacks import Callbacks, resolve_callbacks
 from flowrl.envs.base import EnvSpec, check_seed
 from flowrl.envs.policy_mapping import make_policy_mapping
 from flowrl.filters import OBSERVATION_FILTERS, ObservationFilterName
@@ -301,6 +302,10 @@ class RolloutConfig(PolicyConfig):
             remote calls run one at a time in a fixed order and learner threads become steps of the driver, so a
             run is deterministic, a ``breakpoint()`` in an env, a loss or an operator stops in this process, and a
             synchronous plan gives the same weights and counters as under ``"ray"`` with the same seed.
+        callbacks: user hooks (:mod:`flowrl.callbacks`): a :class:`~flowrl.callbacks.Callbacks` subclass or its
+            import path ``"package.module:ClassName"`` (the path is what a checkpoint keeps and what
+            ``--config callbacks=...`` takes). Each worker and the trainer make their own instance. ``None``:
+            no hooks, and no cost.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -321,9 +326,11 @@ class RolloutConfig(PolicyConfig):
     observation_filter: ObservationFilterName = "NoFilter"
     flush_denormal: bool = True
     executor: Literal["ray", "local"] = "ray"
+    callbacks: str | type[Callbacks] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        resolve_callbacks(self.callbacks)
         if self.executor not in ("ray", "local"):
             raise ValueError(f"executor={self.executor!r}; use 'ray' (remote workers are Ray actors) or 'local' "
                              f"(every actor runs in this process, for debugging and deterministic runs)")

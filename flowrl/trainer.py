@@ -39,6 +39,7 @@ from flowrl import decisions, executor, profiling, runtime
 from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorithm, read_checkpoint, restoring,
                                 sweep_checkpoint_dir, write_checkpoint)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from flowrl.callbacks import Callbacks, resolve_callbacks
 from flowrl.config import TrainerConfig, config_from_data, config_to_data
 from flowrl.iter import LocalIterator, ShardTimeoutError
 from flowrl.metrics import NUM_REPLAY_SHARDS_RECREATED
@@ -138,6 +139,7 @@ class Trainer:
         self.config = config
         #: where the plan's actors run: the config's executor, or "local" inside flowrl.runtime.local_executor()
         self.executor = "local" if config.executor == "local" else executor.current()
+        self.callbacks: Callbacks = (resolve_callbacks(config.callbacks) or Callbacks)()
         self._check_learner_devices()
         batch_warning = config.train_batch_size_warning()
         if batch_warning is not None:
@@ -272,6 +274,7 @@ class Trainer:
                       time_total_s=self.time_total_s, episodes_total=self.episodes_total)
         if self.config.profile:
             result["profile"] = profiling.profile_data(self._plan)
+        self.callbacks.on_train_result(trainer=self, result=result)
         return result
 
     def _owned_actors(self) -> dict[str, Any]:

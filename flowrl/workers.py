@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from flowrl import executor, runtime
+from flowrl.callbacks import Callbacks, EpisodeTracker, add_learner_stats, before_learning, resolve_callbacks
 from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
 from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
@@ -175,6 +176,9 @@ class RolloutWorker(ParallelIteratorWorker):
         self._pending: list[list[SampleBatch]] = [[] for _ in range(n)]  # complete_episodes carry-over
         self._episodes: list[EpisodeRecord] = []
         super().__init__(self._sample_forever)
+        self.callbacks: Callbacks = (resolve_callbacks(config.callbacks) or Callbacks)()
+        self._tracker = None if type(self.callbacks) is Callbacks else \
+            EpisodeTracker(self.callbacks, self, self._eps_id.tolist(), self._next_eps)  # no hooks: no cost
 
     def _sample_forever(self) -> Iterator[AnyBatch]:
         while True:
@@ -199,12 +203,16 @@ class RolloutWorker(ParallelIteratorWorker):
         obs, actions, rewards, terms, truncs, next_obs = [], [], [], [], [], []
         extras: dict[str, list[np.ndarray]] = {}
         episodes, obs_filter, state, prev = self._episodes, self.obs_filter, self._policy_state, self._prev
+        tracker = self._tracker
         for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
             if state:  # a recurrent policy: it acts from each env's state and returns the next
                 acts, extra, state = policy.sample_actions_with_state(self._obs, state, prev)
             else:
                 acts, extra = policy.sample_actions(self._obs)
-            step = env.step(policy.env_actions(acts))
+            env_acts = policy.env_actions(acts)
+            step = env.step(env_acts)
+            if tracker is not None:
+                tracker.after_step(step.rewards, step.final_obs, env_acts, step.episodes)
             if state:  # the next episode of an env that ended starts from the initial state
                 ended = step.terminateds | step.truncateds
                 state = restart_states(state, ended, self._initial_state)
@@ -319,6 +327,9 @@ class RolloutWorker(ParallelIteratorWorker):
                     env_actions[i][aid] = env_acts[row]
                     extras[(i, aid)] = {k: v[row] for k, v in extra.items()}
             step = self.env.step(env_actions)
+            if self._tracker is not None:
+                self._tracker.after_step(step.rewards, [{**o, **f} for o, f in zip(step.obs, step.final_obs)],
+                                         env_actions, step.episodes)
             for i in range(self.env.num_envs):
                 ended = step.terminateds[i]["__all__"] or step.truncateds[i]["__all__"]
                 for aid, reward in step.rewards[i].items():
@@ -363,6 +374,7 @@ class RolloutWorker(ParallelIteratorWorker):
         if self._versioned:
             for pid, part in batch.as_multi_agent().policy_batches.items():
                 part[WEIGHTS_VERSION] = np.full(part.count, self.policy_map[pid].weights_version, np.int64)
+        self.callbacks.on_sample_end(worker=self, samples=batch)
         return batch
 
     def _sample_single_agent(self) -> SampleBatch:
@@ -409,16 +421,22 @@ class RolloutWorker(ParallelIteratorWorker):
         """Trains each policy to train on its part of ``batch``; ``{pid: {"learner_stats": ...}}``. Learning runs
         with denormal floats flushed to zero when ``config.flush_denormal`` (:func:`~flowrl.policy.flush_denormals`),
         as do :meth:`compute_gradients` and :meth:`apply_gradients`."""
+        out = {}
         with flush_denormals(self.config.flush_denormal):
-            return {pid: self.policy_map[pid].learn_on_batch(b) for pid, b in self._policy_batches(batch).items()
-                    if pid in self.policies_to_train}
+            for pid, b in self._policy_batches(batch).items():
+                if pid in self.policies_to_train:
+                    added = before_learning(self.callbacks, self.policy_map[pid], b)
+                    out[pid] = add_learner_stats(self.policy_map[pid].learn_on_batch(b), added)
+        return out
 
     def compute_gradients(self, batch: AnyBatch) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
         grads, infos = {}, {}
         with flush_denormals(self.config.flush_denormal):
             for pid, b in self._policy_batches(batch).items():
                 if pid in self.policies_to_train:
+                    added = before_learning(self.callbacks, self.policy_map[pid], b)
                     grads[pid], infos[pid] = self.policy_map[pid].compute_gradients(b)
+                    add_learner_stats(infos[pid], added)
         return grads, infos
 
     def apply_gradients(self, grads: Mapping[str, list[np.ndarray]]) -> None:
@@ -524,6 +542,8 @@ class RolloutWorker(ParallelIteratorWorker):
                                      f"model")
                 actions, rewards = state["prev_inputs"]
                 self._prev = (np.array(actions, self._initial_prev[0].dtype), np.array(rewards, np.float32))
+            if self._tracker is not None:  # the hooks see the restored envs' episodes start afresh
+                self._tracker.restart(self._eps_id.tolist(), self._next_eps)
 
     def apply(self, fn: Callable[[RolloutWorker], R]) -> R:
         """Calls ``fn(self)``: what ``WorkerSet.foreach_worker`` runs on each worker."""

@@ -25,6 +25,7 @@ from typing import Any, Collection, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from flowrl.callbacks import add_learner_stats, before_learning
 from flowrl.metrics import (AGENT_STEPS_TRAINED_COUNTER, LEARN_ON_BATCH_TIMER, LEARNER_INFO, LEARNER_STATS_KEY,
                             LOAD_BATCH_TIMER, STEPS_TRAINED_COUNTER, STEPS_TRAINED_THIS_ITER_COUNTER,
                             WORKER_UPDATE_TIMER, MetricsBinding, MetricsContext)
@@ -440,14 +441,16 @@ class MultiGPUTrainOneStep(MetricsBinding):
             timer.push_units_processed(batch.count)
         info: LearnerInfo = {}
         with self.metrics.timers[LEARN_ON_BATCH_TIMER] as timer:
+            hooks = getattr(local, "callbacks", None)  # a worker built without them (a test's stand-in) has none
             for pid, (towers, tensors) in loaded.items():
                 policy = self._torch_policies[pid]
+                added = {} if hooks is None else before_learning(hooks, policy, parts[pid])
                 size = self.per_device_minibatch
                 epoch_stats: list[dict[str, Any]] = []
                 for _ in range(self.num_sgd_iter):
                     epoch_stats = [self._step(policy, towers, tensors, slice(i * size, (i + 1) * size))
                                    for i in policy.np_random.permutation(max(1, towers[0].count // size))]
-                info[pid] = {LEARNER_STATS_KEY: _mean_stats(epoch_stats)}
+                info[pid] = add_learner_stats({LEARNER_STATS_KEY: _mean_stats(epoch_stats)}, added)
             timer.push_units_processed(batch.count)
         _record_trained(self.metrics, batch, info)
         out = (batch, info)
