@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
 
 import click
 
@@ -42,7 +42,8 @@ class StopCriteria:
     resumed run counts the iterations, steps and time before its checkpoint).
 
     Attributes:
-        reward: ``episode_reward_mean >= reward``.
+        reward: ``episode_reward_mean >= reward``; with ``reward_from="evaluation"``, the evaluation's
+            (``result["evaluation"]["episode_reward_mean"]``, reported every ``evaluation_interval`` iterations).
         timesteps: ``timesteps_total >= timesteps``.
         time_s: ``time_total_s >= time_s`` (training time).
         iters: ``training_iteration >= iters``.
@@ -54,19 +55,24 @@ class StopCriteria:
         True
         >>> StopCriteria(reward=450).reason({"training_iteration": 1}) is None  # no episode finished yet
         True
+        >>> StopCriteria(reward=450, reward_from="evaluation").reason(
+        ...     {"episode_reward_mean": 460.0, "evaluation": {"episode_reward_mean": 300.0}}) is None
+        True
     """
 
     reward: float | None = None
     timesteps: int | None = None
     time_s: float | None = None
     iters: int | None = None
+    reward_from: Literal["training", "evaluation"] = "training"
 
     def reason(self, result: Mapping[str, Any]) -> str | None:
         """Why ``result`` ends training, or ``None`` to go on."""
-        checks = (("episode_reward_mean", self.reward), ("timesteps_total", self.timesteps),
+        reward_key = "episode_reward_mean" if self.reward_from == "training" else "evaluation/episode_reward_mean"
+        checks = ((reward_key, self.reward), ("timesteps_total", self.timesteps),
                   ("time_total_s", self.time_s), ("training_iteration", self.iters))
         for key, bound in checks:
-            value = result.get(key)
+            value = result.get(key) if "/" not in key else result.get("evaluation", {}).get("episode_reward_mean")
             if bound is not None and value is not None and float(value) >= bound:  # NaN never stops
                 shown = f"{value:.1f}" if isinstance(value, float) else str(value)
                 return f"{key} {shown} >= {bound:g}"
@@ -85,6 +91,9 @@ def _progress_line(result: Mapping[str, Any], elapsed_s: float) -> str:
         >>> _progress_line({"training_iteration": 1, "timesteps_total": 10, "timesteps_this_iter": 10,
         ...                 "time_this_iter_s": 0.5}, 0.5)
         'iter    1  env steps       10  reward       - (no episode finished yet)      20 steps/s  elapsed ...'
+        >>> _progress_line({"training_iteration": 2, "timesteps_total": 20, "episode_reward_mean": 9.5,
+        ...                 "evaluation": {"episode_reward_mean": 21.0}}, 1.0)[-16:]
+        '  evaluation 21.0'
     """
     reward = result.get("episode_reward_mean")
     per_s = result.get("timesteps_this_iter", 0) / max(result.get("time_this_iter_s", 0.0), 1e-9)
@@ -94,8 +103,10 @@ def _progress_line(result: Mapping[str, Any], elapsed_s: float) -> str:
         spread = (f" (min {result['episode_reward_min']:.0f}, max {result['episode_reward_max']:.0f})"
                   if "episode_reward_min" in result and "episode_reward_max" in result else "")
         shown = f"{float(reward):7.1f}{spread}"
+    evaluated = result.get("evaluation", {}).get("episode_reward_mean")
     return (f"iter {result['training_iteration']:4d}  env steps {result.get('timesteps_total', 0):8d}  "
-            f"reward {shown}  {per_s:6.0f} steps/s  elapsed {elapsed_s:6.1f} s")  # ~97 columns
+            f"reward {shown}  {per_s:6.0f} steps/s  elapsed {elapsed_s:6.1f} s"  # ~97 columns
+            + ("" if evaluated is None else f"  evaluation {float(evaluated):.1f}"))
 
 
 class _Progress:

@@ -60,7 +60,7 @@ import textwrap
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import click
 
@@ -157,6 +157,9 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
               help="Set a config field (repeatable): lr=3e-4, model.hidden_sizes=32,32, grad_clip=none.")
 @click.option("--stop-reward", type=float, callback=_finite_arg, help="Stop when episode_reward_mean reaches this.")
+@click.option("--stop-reward-from", type=click.Choice(["training", "evaluation"]), default="training",
+              show_default=True, help="Whose episode_reward_mean --stop-reward reads: the training episodes', or the "
+                                      "evaluation's (needs --config evaluation_interval=K).")
 @click.option("--stop-timesteps", type=click.IntRange(min=1), help="Stop at this many env steps in all.")
 @click.option("--stop-time", type=click.FloatRange(min=0, min_open=True), callback=_finite_arg,
               help="Stop after this many seconds of training in all; a report still running then is abandoned "
@@ -182,7 +185,7 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
                    "breakpoint() in an env, a loss or an operator stops here. A resumed run runs on Ray "
                    "unless --local is given again.")
 def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward: float | None,
-          stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
+          stop_reward_from: Literal["training", "evaluation"], stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
           checkpoint_freq: int, resume: Path | None, log_dir: Path | None, seed: int | None,
           address: str | None, tuned: bool, local: bool) -> None:
     """Train ALGO (a registered algorithm, see `flowrl algorithms`) until a stop criterion is met.
@@ -195,7 +198,8 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
     Ctrl-C or SIGTERM abandons the report in progress, checkpoints the last finished one and exits with 130 or
     143; a full disk ends training with one line naming the path, the logs whole and the last checkpoint intact.
     """
-    stop = StopCriteria(reward=stop_reward, timesteps=stop_timesteps, time_s=stop_time, iters=stop_iters)
+    stop = StopCriteria(reward=stop_reward, timesteps=stop_timesteps, time_s=stop_time, iters=stop_iters,
+                        reward_from=stop_reward_from)
     if stop.empty:
         raise click.UsageError("give at least one stop criterion: --stop-reward R, --stop-timesteps N, "
                                "--stop-time S or --stop-iters N")
@@ -211,6 +215,9 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
         raise click.UsageError("--local runs everything in this process; it cannot join a cluster: drop --local or "
                                "--address")
     config, checkpoint = _config_and_checkpoint(algorithm, items, resume)
+    if stop_reward_from == "evaluation" and not config.evaluation_interval:
+        raise click.BadParameter("the run does not evaluate: add --config evaluation_interval=K (evaluate every K "
+                                 "iterations), or drop --stop-reward-from evaluation", param_hint="'--stop-reward-from'")
     if local or checkpoint is not None:  # how it runs, not what it learned: resumed, it runs on Ray unless --local
         config = dataclasses.replace(config, executor="local" if local else "ray")
     if note is not None:

@@ -403,6 +403,17 @@ class TrainerConfig(RolloutConfig):
             executor, and gives the recorded run's weights and counters bit for bit; it must have the recorded
             run's algorithm and config (checked at start) and raises ``ReplayDivergence`` at the first decision
             that differs.
+        evaluation_interval: evaluate the policy every this many reports (``Trainer.train()`` calls), on
+            evaluation workers of its own whose episodes never reach the learner or the training counters, and
+            report it under ``result["evaluation"]`` (``episode_reward_mean``/``min``/``max``,
+            ``episode_len_mean``, ``episodes_this_iter``, ``timesteps_this_iter``). 0: never.
+        evaluation_duration: how much each evaluation runs: complete episodes, or (with
+            ``evaluation_duration_unit="timesteps"``) at least this many env steps of complete episodes.
+        evaluation_duration_unit: ``"episodes"`` or ``"timesteps"``.
+        evaluation_num_workers: remote evaluation workers sharing each evaluation's episodes; 0: one evaluation
+            worker in the driver.
+        evaluation_explore: evaluate with sampled actions (``True``) or the most likely ones (``False``, greedy,
+            as ``flowrl evaluate``).
     """
 
     num_workers: int = bounded(default_factory=num_workers_that_fit(2, "TrainerConfig"), ge=0,
@@ -422,6 +433,11 @@ class TrainerConfig(RolloutConfig):
     store_buffer_in_checkpoints: bool = False
     record: str | None = None
     replay: str | None = None
+    evaluation_interval: int = bounded(0, ge=0, meaning="reports between evaluations; 0 never evaluates")
+    evaluation_duration: int = bounded(10, ge=1, meaning="episodes (or env steps) per evaluation")
+    evaluation_duration_unit: Literal["episodes", "timesteps"] = "episodes"
+    evaluation_num_workers: int = bounded(0, ge=0, meaning="remote evaluation workers; 0 evaluates in the driver")
+    evaluation_explore: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -435,6 +451,9 @@ class TrainerConfig(RolloutConfig):
             raise ValueError(f"min_iter_time_s={self.min_iter_time_s:g} ends reports by the clock, which a replay "
                              f"cannot repeat; set min_iter_time_s=0 (timesteps_per_iteration gates reports by steps) "
                              f"to record or replay a run")
+        if self.evaluation_duration_unit not in ("episodes", "timesteps"):
+            raise ValueError(f"evaluation_duration_unit={self.evaluation_duration_unit!r}; use 'episodes' or "
+                             f"'timesteps'")
         if self.count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by={self.count_steps_by!r}; use 'env_steps' or 'agent_steps'")
         if self.model.use_lstm and not self.use_simple_optimizer:

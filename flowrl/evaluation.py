@@ -27,7 +27,8 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -38,6 +39,10 @@ from flowrl.filters import MeanStdFilter
 from flowrl.policy import AgentStates, Policy, next_prev_inputs, restart_states
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import check_int
+
+if TYPE_CHECKING:
+    from flowrl.config import TrainerConfig
+    from flowrl.workers import RolloutWorker, WorkerSet
 
 __all__ = ["EvaluationResult", "RenderError", "evaluate_policy", "evaluate_multi_agent", "evaluate_checkpoint",
            "MAX_EVAL_ENVS"]
@@ -303,3 +308,149 @@ def evaluate_checkpoint(checkpoint_path: str | Path, *, episodes: int, explore: 
                                obs_filter=trained[DEFAULT_POLICY_ID].obs_filter)
     finally:
         vector_env.close()
+
+
+# -- evaluation during training ----------------------------------------------------------------------
+
+#: where a report carries its evaluation (``TrainerConfig.evaluation_interval``)
+EVALUATION = "evaluation"
+#: evaluation workers seed their envs and policies with the run's seed plus this, so that they do not replay the
+#: training workers' first episodes
+EVALUATION_SEED_OFFSET = 1_000
+
+
+def evaluation_config(config: TrainerConfig) -> TrainerConfig:
+    """The config of a run's evaluation workers: the run's, with ``evaluation_num_workers`` remote workers and
+    the seed moved by :data:`EVALUATION_SEED_OFFSET` (when the run is seeded).
+
+    Examples:
+        >>> from flowrl.config import TrainerConfig
+        >>> c = evaluation_config(TrainerConfig(seed=3, num_workers=2, evaluation_interval=1, evaluation_num_workers=1))
+        >>> c.num_workers, c.seed
+        (1, 1003)
+    """
+    seed = None if config.seed is None else config.seed + EVALUATION_SEED_OFFSET
+    return dataclasses.replace(config, num_workers=config.evaluation_num_workers, seed=seed)
+
+
+def merge_results(parts: Sequence[EvaluationResult]) -> EvaluationResult:
+    """The episodes of several evaluations as one result, in order."""
+    policy_returns: dict[str, tuple[float, ...]] = {}
+    for part in parts:
+        for pid, returns in part.policy_returns.items():
+            policy_returns[pid] = policy_returns.get(pid, ()) + tuple(returns)
+    return EvaluationResult(returns=tuple(r for p in parts for r in p.returns),
+                            lengths=tuple(n for p in parts for n in p.lengths),
+                            explore=bool(parts and parts[0].explore), policy_returns=policy_returns)
+
+
+def evaluate_worker(worker: RolloutWorker, *, episodes: int, steps: int, explore: bool) -> EvaluationResult:
+    """Runs on an evaluation worker: ``episodes`` complete episodes of its envs with its policies (its
+    observation filter applied frozen), or, with ``steps > 0``, rounds of one episode per env until they hold at
+    least ``steps`` env steps."""
+    def once(n: int) -> EvaluationResult:
+        if isinstance(worker.env, MultiAgentVectorEnv):
+            assert worker.mapping is not None
+            return evaluate_multi_agent(worker.policy_map, worker.env, worker.mapping, episodes=n, explore=explore)
+        return evaluate_policy(worker.get_policy(), worker.env, episodes=n, explore=explore,
+                               obs_filter=worker.obs_filter)
+
+    if steps <= 0:
+        return once(episodes)
+    parts: list[EvaluationResult] = []
+    while sum(sum(p.lengths) for p in parts) < steps:
+        parts.append(once(worker.env.num_envs))
+    return merge_results(parts)
+
+
+def evaluation_metrics(result: EvaluationResult) -> dict[str, Any]:
+    """What a report shows of an evaluation, under the names of the training statistics."""
+    metrics: dict[str, Any] = {
+        "episode_reward_mean": result.mean, "episode_reward_min": result.min, "episode_reward_max": result.max,
+        "episode_len_mean": float(np.mean(result.lengths)), "episodes_this_iter": len(result.returns),
+        "timesteps_this_iter": int(sum(result.lengths)), "explore": result.explore,
+        "hist_stats": {"episode_reward": list(result.returns), "episode_lengths": list(result.lengths)}}
+    if result.policy_returns:
+        metrics["policy_reward_mean"] = {pid: float(np.mean(r)) for pid, r in result.policy_returns.items()}
+    return metrics
+
+
+class Evaluate:
+    """Consumes the plan's result dicts and emits them; every ``interval``-th report also holds
+    ``result["evaluation"]``: the learner's current weights (and observation filter) are sent to the evaluation
+    workers, which run ``duration`` episodes (or env steps) among them and report their statistics
+    (:func:`evaluation_metrics`). Their episodes never reach the learner, the replay buffers or the training
+    counters. The report's number comes from ``report_number`` (the trainer's next ``training_iteration``), so
+    the cadence goes on across a restore. An evaluation worker that died is recreated and the evaluation
+    run again, once.
+
+    Examples:
+        >>> from flowrl.testing import make_fake_workers
+        >>> op = Evaluate(make_fake_workers(0), make_fake_workers(0), interval=2, duration=4, unit="episodes",
+        ...               explore=False, report_number=lambda: 1)
+        >>> op
+        Evaluate(every 2 reports: 4 episodes, greedy, in the driver)
+    """
+
+    def __init__(self, workers: WorkerSet, evaluation: WorkerSet, *, interval: int, duration: int,
+                 unit: Literal["episodes", "timesteps"], explore: bool, report_number: Callable[[], int]) -> None:
+        check_int("interval", interval, 1, "reports between evaluations")
+        check_int("duration", duration, 1, "episodes or env steps per evaluation")
+        self.workers, self.evaluation = workers, evaluation
+        self.interval, self.duration, self.unit, self.explore = interval, duration, unit, explore
+        self.report_number = report_number
+
+    def __call__(self, result: dict[str, Any]) -> dict[str, Any]:
+        if self.report_number() % self.interval:
+            return result
+        return {**result, EVALUATION: evaluation_metrics(self.evaluate())}
+
+    def _shares(self, n: int) -> list[int]:
+        return _quota(self.duration, n) if self.duration >= n else [1 if i < self.duration else 0 for i in range(n)]
+
+    def evaluate(self) -> EvaluationResult:
+        """One evaluation with the learner's current weights."""
+        from flowrl import executor
+
+        try:
+            return self._evaluate()
+        except executor.ActorDiedError:
+            self.evaluation.recreate_workers(self.evaluation.check_health())
+            return self._evaluate()
+
+    def _evaluate(self) -> EvaluationResult:
+        from flowrl import executor
+
+        weights = self.workers.local_worker().get_weights()
+        remote = self.evaluation.remote_workers()
+        by_steps = self.unit == "timesteps"
+        if not remote:
+            local = self.evaluation.local_worker()
+            local.set_weights(weights)
+            return evaluate_worker(local, episodes=self.duration, steps=self.duration if by_steps else 0,  # type: ignore[arg-type]
+                                   explore=self.explore)
+        ref = executor.put(weights)
+        calls = []
+        for worker, share in zip(remote, self._shares(len(remote))):
+            if share:
+                worker.set_weights.remote(ref)
+                calls.append(worker.apply.remote(partial(evaluate_worker, episodes=share,
+                                                         steps=share if by_steps else 0, explore=self.explore)))
+        return merge_results(executor.get(calls))
+
+    def __repr__(self) -> str:
+        amount = f"{self.duration} {'env steps' if self.unit == 'timesteps' else 'episodes'}"
+        n = len(self.evaluation.remote_workers())
+        where = f"on {n} worker{'s' if n > 1 else ''}" if n else "in the driver"
+        return f"Evaluate(every {self.interval} reports: {amount}, {'sampled' if self.explore else 'greedy'}, {where})"
+
+
+def with_evaluation(plan: Any, workers: WorkerSet, evaluation: WorkerSet | None, config: TrainerConfig,
+                    report_number: Callable[[], int]) -> Any:
+    """``plan`` with an :class:`Evaluate` step on its reports when ``config.evaluation_interval`` asks for one
+    (``evaluation`` the workers :func:`evaluation_config` describes); ``plan`` itself otherwise."""
+    if not config.evaluation_interval or evaluation is None:
+        return plan
+    return plan.for_each(Evaluate(workers, evaluation, interval=config.evaluation_interval,
+                                  duration=config.evaluation_duration, unit=config.evaluation_duration_unit,
+                                  explore=config.evaluation_explore, report_number=report_number))

@@ -137,9 +137,13 @@ def stand_in_plan(algorithm: Algorithm, config: TrainerConfig) -> Iterator[Local
         >>> [node.label for node in graph.nodes if node.kind == "parallel"]
         ['ParallelIterator[from_actors[shards=4]] (4 shards)', 'ParallelIterator[from_actors[shards=4]] (4 shards)']
     """
+    from flowrl.evaluation import evaluation_config, with_evaluation
+
     workers = _stand_in_workers(config)
     with _stand_in_aggregators():
         plan = algorithm.plan(workers, config, **_stand_in_owned_state(algorithm, config))
+    evaluation = _stand_in_workers(evaluation_config(config)) if config.evaluation_interval else None
+    plan = with_evaluation(plan, workers, evaluation, config, lambda: 1)
     try:
         yield plan
     finally:

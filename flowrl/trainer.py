@@ -41,6 +41,7 @@ from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorith
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.callbacks import Callbacks, resolve_callbacks
 from flowrl.config import TrainerConfig, config_from_data, config_to_data
+from flowrl.evaluation import evaluation_config, with_evaluation
 from flowrl.iter import LocalIterator, ShardTimeoutError
 from flowrl.metrics import NUM_REPLAY_SHARDS_RECREATED
 from flowrl.policy import Policy
@@ -149,6 +150,11 @@ class Trainer:
             if config.num_workers and self.executor == "ray":
                 runtime.ensure_initialized()
             self.workers = self._make_workers(config)
+            #: the workers of evaluation during training (``config.evaluation_interval``), apart from training's
+            self.evaluation_workers: WorkerSet | None = None
+            if config.evaluation_interval:
+                self.evaluation_workers = WorkerSet(policy_class=self.algorithm.policy_class,
+                                                    config=evaluation_config(config))
             make_state = self.algorithm.make_owned_state
             self.owned_state: dict[str, Any] = dict(make_state(config)) if make_state is not None else {}
             self.training_iteration, self.time_total_s, self.episodes_total = 0, 0.0, 0
@@ -214,6 +220,8 @@ class Trainer:
         if not isinstance(plan, LocalIterator):
             raise TypeError(f"{self.algorithm.name} plan returned {type(plan).__name__}; a plan returns the "
                             f"LocalIterator of result dicts (end it with StandardMetricsReporting)")
+        plan = with_evaluation(plan, self.workers, getattr(self, "evaluation_workers", None), self.config,
+                               lambda: self.training_iteration + 1)
         try:
             plan.validate()  # before the first pull: a malformed plan fails here, with the fix
         except ValueError:
@@ -365,6 +373,8 @@ class Trainer:
     def _release(self) -> None:
         """Stops the workers and closes the trainer-owned state that has a ``close()``."""
         self.workers.stop()
+        if getattr(self, "evaluation_workers", None) is not None:
+            self.evaluation_workers.stop()  # type: ignore[union-attr]
         for obj in getattr(self, "owned_state", {}).values():
             if callable(getattr(obj, "close", None)):
                 obj.close()
