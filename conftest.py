@@ -9,6 +9,12 @@ from collections.abc import Iterator
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before anything imports ray
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# W&B (tests of `--logger wandb`) writes offline only, sends no error reports and stays quiet: no traffic leaves
+# this machine
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.pop("MLFLOW_TRACKING_URI", None)  # MLflow: the run directory's own SQLite store
 
 import pytest  # noqa: E402
 import ray  # noqa: E402

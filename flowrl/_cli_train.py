@@ -21,14 +21,15 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping, Sequence
 
 import click
 
 from flowrl._cli_config import _field_default
 from flowrl.algorithms import Algorithm
-from flowrl.config import TrainerConfig
+from flowrl.config import TrainerConfig, config_to_data
 from flowrl.logger import PROGRESS_CSV, TB_DIR, RunLogger, plot_progress, record_checkpoint, record_target
+from flowrl.trackers import Tracker, make_tracker
 
 if TYPE_CHECKING:
     from flowrl.trainer import Trainer
@@ -303,9 +304,23 @@ def _later_checkpoints(checkpoint_dir: Path, iteration: int) -> list[str]:
     return sorted(n for n in names if int(n.rpartition("_")[2]) > iteration)
 
 
+def _make_trackers(names: Sequence[str], run_dir: Path, config: TrainerConfig) -> list[Tracker]:
+    """The ``--logger`` trackers for the run; a tracker whose package is missing is a usage error naming the extra."""
+    made: list[Tracker] = []
+    try:
+        for name in names:
+            made.append(make_tracker(name, run_dir, config_to_data(config)["fields"]))
+            click.echo(f"{name}: {made[-1].where}")
+    except ImportError as e:
+        for tracker in made:
+            tracker.close()
+        raise click.UsageError(str(e)) from e
+    return made
+
+
 def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, run_dir: Path,
            checkpoint: Path | None, address: str | None, checkpoint_dir: Path, checkpoint_freq: int,
-           workers_chosen: bool = True) -> None:
+           workers_chosen: bool = True, trackers: Sequence[str] = ()) -> None:
     """Trains until ``stop``; on SIGINT (Ctrl-C) or SIGTERM it abandons the report in progress, writes a final
     checkpoint of the last completed report (the state the logs end with), and exits with 128 + the signal.
 
@@ -340,7 +355,8 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
                     record_target(run_dir, stop.reward)  # the learning curve draws it, now and in `flowrl plot`
                     if checkpoint is not None:  # the run's newest branch starts here, before later rows go
                         record_checkpoint(run_dir, checkpoint, checkpoint_dir=checkpoint_dir)
-                    logs = RunLogger(run_dir, keep_through_iteration=completed if checkpoint else None)
+                    logs = RunLogger(run_dir, keep_through_iteration=completed if checkpoint else None,
+                                     trackers=_make_trackers(trackers, run_dir, config))
                 with logs, _Progress(live=sys.stdout.isatty()) as progress:
                     if logs.dropped and checkpoint is not None:
                         later = _later_checkpoints(checkpoint_dir, completed)

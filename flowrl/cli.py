@@ -180,6 +180,10 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
               help="Apply the tuned preset for ALGO on the env, where one exists (see flowrl/presets.py and the "
                    "README's table); --config values win over it.")
+@click.option("--logger", "trackers", default="", callback=lambda ctx, param, v: _trackers_arg(v), metavar="NAMES",
+              help="Also log to these experiment trackers (comma-separated): wandb (offline unless you are logged in "
+                   "or WANDB_MODE says so), mlflow (MLFLOW_TRACKING_URI, else RUN_DIR/mlflow.db). Needs "
+                   "flowrl[wandb] / flowrl[mlflow].")
 @click.option("--local", "local", is_flag=True,
               help="Run every worker and actor in this process, with no Ray (executor=local): deterministic, and a "
                    "breakpoint() in an env, a loss or an operator stops here. A resumed run runs on Ray "
@@ -187,7 +191,7 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward: float | None,
           stop_reward_from: Literal["training", "evaluation"], stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
           checkpoint_freq: int, resume: Path | None, log_dir: Path | None, seed: int | None,
-          address: str | None, tuned: bool, local: bool) -> None:
+          address: str | None, tuned: bool, trackers: tuple[str, ...], local: bool) -> None:
     """Train ALGO (a registered algorithm, see `flowrl algorithms`) until a stop criterion is met.
 
     Logs go to the run directory (progress.csv, result.json, tb/), checkpoints to RUN_DIR/checkpoints,
@@ -228,7 +232,16 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
     workers_chosen = any(item.partition("=")[0].strip() == "num_workers" for item in items)
     _train(algorithm, config, stop, run_dir=run_dir, checkpoint=checkpoint, address=address,
            checkpoint_dir=checkpoint_dir or run_dir / "checkpoints", checkpoint_freq=checkpoint_freq,
-           workers_chosen=workers_chosen)
+           workers_chosen=workers_chosen, trackers=trackers)
+
+
+def _trackers_arg(value: str) -> tuple[str, ...]:
+    from flowrl.trackers import parse_trackers
+
+    try:
+        return parse_trackers(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--logger'") from e
 
 
 def _with_preset(algorithm: Algorithm, env: str | None, items: Sequence[str], *,

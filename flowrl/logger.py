@@ -53,7 +53,7 @@ import math
 import os
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -61,6 +61,8 @@ from flowrl._checkpoint import fsync_dir
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from flowrl.trackers import Tracker
 
 __all__ = ["RunLogger", "flatten_result", "plot_progress", "learning_curve", "record_target", "PROGRESS_CSV",
            "record_checkpoint", "recorded_checkpoint", "recorded_checkpoint_dir", "RESULT_JSON", "TB_DIR",
@@ -117,6 +119,8 @@ class RunLogger:
             later iterations (trained after that checkpoint and now trained again) are dropped first,
             so every iteration is logged once; :attr:`dropped` counts them. ``None`` keeps everything.
         tensorboard: also write TensorBoard events under ``run_dir/tb``.
+        trackers: experiment trackers (:mod:`flowrl.trackers`: W&B, MLflow) that get the same finite scalars as
+            TensorBoard, at the same step; closed with the logger.
 
     Attributes:
         dropped: how many rows (of ``progress.csv``, else lines of ``result.json``) ``keep_through_iteration``
@@ -124,7 +128,7 @@ class RunLogger:
     """
 
     def __init__(self, run_dir: str | Path, *, keep_through_iteration: int | None = None,
-                 tensorboard: bool = True) -> None:
+                 tensorboard: bool = True, trackers: Sequence[Tracker] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.progress_csv = self.run_dir / PROGRESS_CSV
@@ -137,6 +141,7 @@ class RunLogger:
         self.dropped = 0
         if keep_through_iteration is not None:
             self.dropped = self._truncate_after(keep_through_iteration)
+        self.trackers = list(trackers)
         self._writer: Any = None
         if tensorboard:
             from tensorboardX import SummaryWriter  # imported here: it pulls in protobuf
@@ -196,6 +201,11 @@ class RunLogger:
                 _abandon(self._writer)
                 self._writer = None
                 raise OSError(e.errno, e.strerror, str(self.tb_dir)) from e
+        if self.trackers:
+            step = int(result.get("timesteps_total", result.get("training_iteration", 0)))
+            finite = {key: value for key, value in flat.items() if math.isfinite(value)}
+            for tracker in self.trackers:
+                tracker.log(finite, step)
         row = io.StringIO(newline="")
         csv.DictWriter(row, self._header, restval="", extrasaction="ignore").writerow(flat)
         _append_whole([(self.progress_csv, row.getvalue()),
@@ -207,6 +217,9 @@ class RunLogger:
         Raises:
             OSError: its last events could not be written (naming ``tb/``).
         """
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close()
         writer, self._writer = self._writer, None
         if writer is not None:
             try:

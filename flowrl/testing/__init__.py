@@ -3,7 +3,8 @@
 - :mod:`flowrl.testing.fakes`: torch-free fakes (``FakeWorker``, ``FakePolicy``, ``FakeConfig``,
   ``make_fake_workers``, ``fake_batch``) and ``iter_list``/``plan_lines``. A fake worker actor imports neither
   torch nor a model, so it starts in well under a second: operator tests run against them.
-- :mod:`flowrl.testing.runs`: a trainer over fake workers (``make_fake_trainer``) and ``tb_scalars``.
+- :mod:`flowrl.testing.runs`: a trainer over fake workers (``make_fake_trainer``), ``tb_scalars`` and
+  ``wandb_offline_history`` (what a run logged to TensorBoard and to offline W&B).
 - ``TinyPGPolicy``: a small torch policy for tests and examples (REINFORCE, :class:`flowrl.algorithms.pg.PGPolicy`),
   loaded on first use so that importing this package stays free of torch.
 
@@ -20,11 +21,11 @@ from typing import Any
 
 from flowrl.testing.fakes import (SAMPLE_INDEX, WEIGHTS_VERSION, WORKER_INDEX, FakeConfig, FakePolicy, FakeWorker,
                                   fake_batch, iter_list, make_fake_workers, plan_lines)
-from flowrl.testing.runs import FakeTrainerConfig, make_fake_trainer, tb_scalars, tiny_pg_plan
+from flowrl.testing.runs import FakeTrainerConfig, make_fake_trainer, tb_scalars, tiny_pg_plan, wandb_offline_history
 
 __all__ = ["iter_list", "plan_lines", "fake_batch", "FakeConfig", "FakePolicy", "FakeWorker", "make_fake_workers",
            "TinyPGPolicy", "WEIGHTS_VERSION", "WORKER_INDEX", "SAMPLE_INDEX", "FakeTrainerConfig", "make_fake_trainer",
-           "tiny_pg_plan", "tb_scalars"]
+           "tiny_pg_plan", "tb_scalars", "wandb_offline_history"]
 
 
 def __getattr__(name: str) -> Any:

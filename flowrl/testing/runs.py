@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from flowrl.trainer import Trainer
     from flowrl.workers import WorkerSet
 
-__all__ = ["FakeTrainerConfig", "tiny_pg_plan", "make_fake_trainer", "tb_scalars"]
+__all__ = ["FakeTrainerConfig", "tiny_pg_plan", "make_fake_trainer", "tb_scalars", "wandb_offline_history"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,3 +67,35 @@ def tb_scalars(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
+
+
+def wandb_offline_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The history rows (``wandb.log`` calls) of the offline W&B runs under ``run_dir/wandb``, oldest run first:
+    read from each run's ``.wandb`` file (W&B's log of protocol-buffer records in 32 KiB blocks: a 7-byte file
+    header, then records of a 7-byte header (CRC, length, type: whole, first, middle, last) and their data)."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    rows: list[dict[str, Any]] = []
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, block, pending = path.read_bytes(), 7, 32768, b""
+        assert data[:4] == b":W&B", f"{path} is not a W&B log"
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:  # a block's tail too short for a header is padding
+                pos += block - pos % block
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if length == 0 and kind == 0:
+                break
+            pending += data[pos + 7:pos + 7 + length]
+            pos += 7 + length
+            if kind in (1, 4):  # a whole record, or the last piece of one
+                record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+                record.ParseFromString(pending)
+                pending = b""
+                if record.WhichOneof("record_type") == "history":
+                    rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                                 for item in record.history.item})
+    return rows
