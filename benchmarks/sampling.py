@@ -8,7 +8,13 @@ bookkeeping and postprocessing. Runs alternate; the table shows medians of env s
 The last line is ``sampling_efficiency=<worker / raw>`` (target >= 0.6; Sample Factory's training
 throughput is 0.75 of pure simulation).
 
-Run: ``python benchmarks/sampling.py [--quick] [--envs 8 32] [--fragment 200]``.
+``--backends`` instead compares the vector backends a worker can step its envs with (``vector_backend``): the
+in-process loop against gymnasium's ``AsyncVectorEnv`` (one subprocess per env), on CartPole-v1 and on a slower
+env (CartPole plus ``--slow-ms`` ms of CPU per step, standing in for a Python-level simulator), raw stepping and
+``RolloutWorker.sample()``, with ``async / loop`` ratios.
+
+Run: ``python benchmarks/sampling.py [--quick] [--envs 8 32] [--fragment 200]`` or
+``python benchmarks/sampling.py --backends [--envs 4] [--slow-ms 1]``.
 """
 
 from __future__ import annotations
@@ -66,6 +72,74 @@ def measure(num_envs: int, fragment: int, repeats: int, samples: int) -> dict[st
             "efficiency": med["worker"] / med["raw"], "samples": rates}
 
 
+def slow_cartpole(ctx: Any) -> Any:
+    """CartPole-v1 whose every step also spins the CPU for ``ctx.config["ms"]`` milliseconds (one core, as a
+    Python-level simulator would)."""
+    import gymnasium
+
+    class Slow(gymnasium.Wrapper):  # type: ignore[type-arg]
+        def __init__(self, env: Any, ms: float) -> None:
+            super().__init__(env)
+            self.seconds = ms / 1000
+
+        def step(self, action: Any) -> Any:
+            end = time.perf_counter() + self.seconds
+            while time.perf_counter() < end:
+                pass
+            return self.env.step(action)
+
+    return Slow(gymnasium.make("CartPole-v1"), float(ctx.config.get("ms", 1.0)))
+
+
+def compare_backends(num_envs: int, fragment: int, repeats: int, slow_ms: float) -> list[dict[str, Any]]:
+    rows = []
+    for label, env, env_config in (("CartPole-v1", "CartPole-v1", {}),
+                                   (f"CartPole-v1 + {slow_ms:g} ms/step", slow_cartpole, {"ms": slow_ms})):
+        rates: dict[str, list[float]] = {}
+        made = {}
+        for backend in ("loop", "async"):
+            cfg = RolloutConfig(env=env, env_config=env_config, num_envs_per_worker=num_envs,
+                                rollout_fragment_length=fragment, seed=0, vector_backend=backend)  # type: ignore[arg-type]
+            made[backend] = (RolloutWorker(policy_class=TinyPGPolicy, config=cfg),
+                             VectorEnv(env, num_envs, seed=1, config=env_config, backend=backend))  # type: ignore[arg-type]
+        try:
+            for backend, (worker, raw) in made.items():  # warm-up
+                worker_rate(worker, 1), raw_rate(raw, fragment)
+            for _ in range(repeats):
+                for backend, (worker, raw) in made.items():
+                    rates.setdefault(f"{backend}_raw", []).append(raw_rate(raw, fragment))
+                    rates.setdefault(f"{backend}_worker", []).append(worker_rate(worker, 1))
+        finally:
+            for worker, raw in made.values():
+                worker.env.close()
+                raw.close()
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        rows.append({"env": label, "num_envs": num_envs, **{f"{k}_steps_per_s": v for k, v in med.items()},
+                     "async_over_loop_raw": med["async_raw"] / med["loop_raw"],
+                     "async_over_loop_worker": med["async_worker"] / med["loop_worker"], "samples": rates})
+    return rows
+
+
+def main_backends(args: argparse.Namespace) -> None:
+    repeats = 3 if args.quick else args.repeats
+    rows = [row for n in args.envs for row in compare_backends(n, args.fragment, repeats, args.slow_ms)]
+    print(f"\nvector backends: one RolloutWorker in-process (MLP 64-64, torch threads=1), fragment {args.fragment}, "
+          f"median of {repeats} alternating runs, env steps/s\n")
+    print("| env | envs | loop raw | async raw | async / loop | loop worker | async worker | async / loop |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['env']} | {r['num_envs']} | {r['loop_raw_steps_per_s']:,.0f} | {r['async_raw_steps_per_s']:,.0f} | "
+              f"{r['async_over_loop_raw']:.2f} | {r['loop_worker_steps_per_s']:,.0f} | "
+              f"{r['async_worker_steps_per_s']:,.0f} | {r['async_over_loop_worker']:.2f} |")
+    out = Path(args.out.replace("sampling.json", "vector_backends.json"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "vector_backends", "results": rows,
+                               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                                           "python": platform.python_version(), "torch": torch.__version__,
+                                           "flowrl": flowrl.__version__}}, indent=2))
+    print(f"\nwrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", type=int, nargs="+", default=[8, 32])
@@ -73,8 +147,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/sampling.json")
+    parser.add_argument("--backends", action="store_true", help="compare the loop and async vector backends")
+    parser.add_argument("--slow-ms", type=float, default=1.0, help="--backends: extra work per step of the slow env")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one core per sampler, as a rollout worker actor has
+    if args.backends:
+        main_backends(args)
+        return
     repeats, samples = (3, 2) if args.quick else (args.repeats, 5)
     results = [measure(n, args.fragment, repeats, samples) for n in args.envs]
 

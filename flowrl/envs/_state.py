@@ -108,6 +108,9 @@ class EpisodeRecorder(gymnasium.Wrapper[Any, Any, Any, Any]):
         self.episode_start: dict[str, Any] = {}
         self.episode_actions: list[Any] | None = []
         self.last_obs: Any = None
+        #: ``(state, what)`` for :meth:`restore_pending`: how a vector env in another process hands each env its
+        #: own saved state (one ``set_attr`` for all envs, then one ``call``)
+        self.pending_restore: tuple[Mapping[str, Any], str] | None = None
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -132,6 +135,13 @@ class EpisodeRecorder(gymnasium.Wrapper[Any, Any, Any, Any]):
         fingerprint, as plain data."""
         return {"episode_start": to_plain(self.episode_start), "episode_actions": to_plain(self.episode_actions),
                 "rng": rng_state(env_rng(self.env)), "obs_digest": digest(self.last_obs)}
+
+    def restore_pending(self, action_dtype: np.dtype[Any] | None) -> tuple[Any, bool]:
+        """:meth:`restore` of the ``pending_restore`` state (then cleared)."""
+        if self.pending_restore is None:
+            raise RuntimeError("EpisodeRecorder.restore_pending: no state was set in pending_restore")
+        (state, what), self.pending_restore = self.pending_restore, None
+        return self.restore(state, action_dtype, what)
 
     def restore(self, state: Mapping[str, Any], action_dtype: np.dtype[Any] | None, what: str) -> tuple[Any, bool]:
         """Replays the saved episode; returns ``(observation to act on next, exact)``.
