@@ -9,12 +9,6 @@ from collections.abc import Iterator
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before anything imports ray
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# Ray's usage-stats module, which its dashboard process runs even with include_dashboard=False and usage stats off,
-# asks the cloud metadata address (169.254.169.254) which cloud it runs on when Ray starts. A proxy on a closed
-# loopback port keeps that plain HTTP, and any a library might try, on this machine; loopback goes direct.
-for _name, _value in (("http_proxy", "http://127.0.0.1:9"), ("https_proxy", "http://127.0.0.1:9"),
-                      ("no_proxy", "127.0.0.1,localhost,::1")):
-    os.environ[_name] = os.environ[_name.upper()] = _value
 # W&B (tests of `--logger wandb`) writes offline only, sends no error reports and stays quiet: no traffic leaves
 # this machine
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -28,6 +22,9 @@ from ray import cloudpickle  # noqa: E402
 
 import flowrl  # noqa: E402
 from flowrl import runtime  # noqa: E402
+from flowrl.testing.network import keep_traffic_on_loopback  # noqa: E402
+
+keep_traffic_on_loopback()  # Ray's start-up probe of the cloud metadata address stays on this machine
 
 NUM_CPUS = 8  # logical CPUs for the test instance; the machine has 2 cores
 

@@ -34,9 +34,12 @@ os.environ["RAY_AUTH_MODE"] = "disabled"  # before Ray is imported: silences its
 
 import flowrl  # noqa: E402  (before ray: flowrl.runtime keeps Ray on loopback)
 from flowrl import runtime  # noqa: E402
+from flowrl.testing.network import keep_traffic_on_loopback  # noqa: E402
 from flowrl.iter import ParallelIteratorWorker, from_actors  # noqa: E402
 
 import ray  # noqa: E402,I001
+
+keep_traffic_on_loopback()  # Ray's start-up probe of the cloud metadata address stays on this machine
 
 WORK_S = 0.005
 Actors = list[Any]  # Ray actor handles of SleepyShard

@@ -32,6 +32,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import flowrl  # noqa: E402,F401  (sets Ray's loopback variable before ray is imported)
 from flowrl import runtime  # noqa: E402
+from flowrl.testing.network import keep_traffic_on_loopback  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -41,6 +42,8 @@ from flowrl.metrics import (LEARN_ON_BATCH_TIMER, LOAD_BATCH_TIMER, SAMPLE_TIMER
                             WORKER_UPDATE_TIMER, Timer)
 from flowrl.presets import find_preset  # noqa: E402
 from flowrl.workers import WorkerSet  # noqa: E402
+
+keep_traffic_on_loopback()  # Ray's start-up probe of the cloud metadata address stays on this machine
 
 THRESHOLDS = (150.0, 450.0)
 

@@ -52,11 +52,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import flowrl  # noqa: E402  (before ray: flowrl.runtime keeps Ray on loopback)
 from flowrl import runtime  # noqa: E402
+from flowrl.testing.network import keep_traffic_on_loopback  # noqa: E402
 from flowrl.metrics import STEPS_SAMPLED_COUNTER  # noqa: E402
 from flowrl.ops.rollout import ParallelRollouts, concat_batches  # noqa: E402
 from flowrl.workers import WorkerSet  # noqa: E402
 
 import ray  # noqa: E402,I001
+
+keep_traffic_on_loopback()  # Ray's start-up probe of the cloud metadata address stays on this machine
 
 try:  # run as a script (benchmarks/ on the path) or imported as benchmarks.rollout_overhead
     import dummy  # type: ignore[import-not-found,no-redef]

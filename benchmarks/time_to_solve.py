@@ -46,10 +46,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import flowrl  # noqa: E402,F401  (sets Ray's loopback variable before ray is imported)
 from flowrl import runtime  # noqa: E402
+from flowrl.testing.network import keep_traffic_on_loopback  # noqa: E402
 
 import torch  # noqa: E402
 
 from flowrl.workers import WorkerSet  # noqa: E402
+
+keep_traffic_on_loopback()  # Ray's start-up probe of the cloud metadata address stays on this machine
 
 try:  # run as a script (benchmarks/ on the path) or imported as benchmarks.time_to_solve
     from throughput import ALGOS, load, tuned  # type: ignore[import-not-found]

@@ -5,6 +5,7 @@
   torch nor a model, so it starts in well under a second: operator tests run against them.
 - :mod:`flowrl.testing.runs`: a trainer over fake workers (``make_fake_trainer``), ``tb_scalars`` and
   ``wandb_offline_history`` (what a run logged to TensorBoard and to offline W&B).
+- :mod:`flowrl.testing.network`: ``keep_traffic_on_loopback`` (tests and benchmarks: no request leaves the machine).
 - ``TinyPGPolicy``: a small torch policy for tests and examples (REINFORCE, :class:`flowrl.algorithms.pg.PGPolicy`),
   loaded on first use so that importing this package stays free of torch.
 
