@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 PerEnv = Union[Sequence[Any], npt.NDArray[Any]]  # one entry per env of a worker's vector
 
-__all__ = ["Callbacks", "Episode", "EpisodeTracker", "add_learner_stats", "before_learning", "resolve_callbacks"]
+__all__ = ["Callbacks", "Episode", "EpisodeTracker", "add_learner_stats", "before_learning", "make_callbacks", "resolve_callbacks"]
 
 
 @dataclass(eq=False)
@@ -104,6 +104,11 @@ class Callbacks:
 
     def on_train_result(self, *, trainer: Any, result: dict[str, Any]) -> None:
         """``trainer`` produced ``result``."""
+
+
+def make_callbacks(spec: object) -> Callbacks:
+    """An instance of the class ``spec`` names (:func:`resolve_callbacks`), or of :class:`Callbacks` for ``None``."""
+    return (resolve_callbacks(spec) or Callbacks)()
 
 
 def _overrides(callbacks: Callbacks, name: str) -> bool:

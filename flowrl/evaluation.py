@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
+from flowrl import executor
 from flowrl.envs import (EnvContext, EnvSpec, MultiAgentVectorEnv, PolicyMapping, VectorEnv, make_env,
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter
@@ -405,13 +406,8 @@ class Evaluate:
             return result
         return {**result, EVALUATION: evaluation_metrics(self.evaluate())}
 
-    def _shares(self, n: int) -> list[int]:
-        return _quota(self.duration, n) if self.duration >= n else [1 if i < self.duration else 0 for i in range(n)]
-
     def evaluate(self) -> EvaluationResult:
         """One evaluation with the learner's current weights."""
-        from flowrl import executor
-
         try:
             return self._evaluate()
         except executor.ActorDiedError:
@@ -419,8 +415,6 @@ class Evaluate:
             return self._evaluate()
 
     def _evaluate(self) -> EvaluationResult:
-        from flowrl import executor
-
         weights = self.workers.local_worker().get_weights()
         remote = self.evaluation.remote_workers()
         by_steps = self.unit == "timesteps"
@@ -431,7 +425,7 @@ class Evaluate:
                                    explore=self.explore)
         ref = executor.put(weights)
         calls = []
-        for worker, share in zip(remote, self._shares(len(remote))):
+        for worker, share in zip(remote, _quota(self.duration, len(remote))):
             if share:
                 worker.set_weights.remote(ref)
                 calls.append(worker.apply.remote(partial(evaluate_worker, episodes=share,

@@ -39,7 +39,7 @@ from flowrl import decisions, executor, profiling, runtime
 from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorithm, read_checkpoint, restoring,
                                 sweep_checkpoint_dir, write_checkpoint)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
-from flowrl.callbacks import Callbacks, resolve_callbacks
+from flowrl.callbacks import Callbacks, make_callbacks
 from flowrl.config import TrainerConfig, config_from_data, config_to_data
 from flowrl.evaluation import evaluation_config, with_evaluation
 from flowrl.iter import LocalIterator, ShardTimeoutError
@@ -140,7 +140,7 @@ class Trainer:
         self.config = config
         #: where the plan's actors run: the config's executor, or "local" inside flowrl.runtime.local_executor()
         self.executor = "local" if config.executor == "local" else executor.current()
-        self.callbacks: Callbacks = (resolve_callbacks(config.callbacks) or Callbacks)()
+        self.callbacks: Callbacks = make_callbacks(config.callbacks)
         self._check_learner_devices()
         batch_warning = config.train_batch_size_warning()
         if batch_warning is not None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from flowrl import executor, runtime
-from flowrl.callbacks import Callbacks, EpisodeTracker, add_learner_stats, before_learning, resolve_callbacks
+from flowrl.callbacks import Callbacks, EpisodeTracker, add_learner_stats, before_learning, make_callbacks
 from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
 from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
@@ -176,7 +176,7 @@ class RolloutWorker(ParallelIteratorWorker):
         self._pending: list[list[SampleBatch]] = [[] for _ in range(n)]  # complete_episodes carry-over
         self._episodes: list[EpisodeRecord] = []
         super().__init__(self._sample_forever)
-        self.callbacks: Callbacks = (resolve_callbacks(config.callbacks) or Callbacks)()
+        self.callbacks: Callbacks = make_callbacks(config.callbacks)
         self._tracker = None if type(self.callbacks) is Callbacks else \
             EpisodeTracker(self.callbacks, self, self._eps_id.tolist(), self._next_eps)  # no hooks: no cost
 
