@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from flowrl._config_hints import Hint, field_hints
 from flowrl.algorithms import ALGORITHMS, get_algorithm
 
-__all__ = ["build_config", "parse_overrides"]
+__all__ = ["build_config", "config_items", "parse_overrides"]
 
 _NONE_WORDS = frozenset({"none", "null"})
 _TRUE_WORDS, _FALSE_WORDS = frozenset({"true", "yes", "on", "1"}), frozenset({"false", "no", "off", "0"})
@@ -223,8 +223,9 @@ def parse_overrides(config_class: type, items: Sequence[str]) -> list[tuple[tupl
     return parsed
 
 
-def build_config(config_class: type, items: Sequence[str]) -> Any:
-    """A config of ``config_class`` with the ``key=value`` overrides ``items``, built by its constructor.
+def build_config(config_class: type, items: Sequence[str], *, base: Any = None) -> Any:
+    """A config of ``config_class`` with the ``key=value`` overrides ``items``, built by its constructor (or, given
+    ``base``, by ``dataclasses.replace`` of it, which validates the same way).
 
     Raises:
         ValueError: as :func:`parse_overrides`, or the config's own validation (the message names the
@@ -245,9 +246,43 @@ def build_config(config_class: type, items: Sequence[str]) -> Any:
     """
     overrides = parse_overrides(config_class, items)
     try:
-        return _construct(config_class, overrides, None)
+        return _construct(config_class, overrides, base)
     except (ValueError, TypeError) as e:
         given = " ".join(items) if items else "the defaults"
         raise ValueError(f"{config_class.__name__} rejects {given}: {e}") from None
 
 
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON can hold it: numpy scalars as Python numbers, tuples as lists."""
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "shape", None) == ():
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def config_items(values: Mapping[str, Any]) -> list[str]:
+    """Python values for dotted config keys, spelled as ``--config`` items, so that :func:`build_config` checks them
+    exactly as it checks the command line's.
+
+    Examples:
+        >>> config_items({"lr": 0.001, "model.hidden_sizes": (32, 32), "grad_clip": None, "use_gae": False})
+        ['lr=0.001', 'model.hidden_sizes=[32, 32]', 'grad_clip=none', 'use_gae=false']
+    """
+    items = []
+    for key, value in values.items():
+        value = _plain(value)
+        if value is None:
+            text = "none"
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (list, dict)):
+            text = json.dumps(value)
+        else:
+            text = str(value)
+        items.append(f"{key}={text}")
+    return items

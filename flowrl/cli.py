@@ -1,4 +1,4 @@
-"""The ``flowrl`` command line (also ``python -m flowrl ...``): train, evaluate, plot, list algorithms, and
+"""The ``flowrl`` command line (also ``python -m flowrl ...``): train, evaluate, plot, sweep, list algorithms, and
 look inside a plan (its operator graph; a per-operator profile of a short run).
 
 ::
@@ -6,6 +6,7 @@ look inside a plan (its operator graph; a per-operator profile of a short run).
     flowrl train ppo --env CartPole-v1 --config lr=3e-4 --stop-reward 150
     flowrl evaluate runs/ppo_CartPole-v1_20250101-120000 --episodes 20
     flowrl plot runs/ppo_CartPole-v1_20250101-120000
+    flowrl tune ppo --search "lr=loguniform(1e-4,1e-2)" --samples 8 --scheduler asha --stop-iters 20
     flowrl algorithms [ppo]
     flowrl plan show apex --config num_workers=2 --format mermaid
     flowrl profile impala --env CartPole-v1 --config num_workers=2 --iters 5
@@ -394,6 +395,95 @@ def evaluate(checkpoint: Path, episodes: int, explore: bool, seed: int, render: 
                    f"max {max(returns):.2f}) over {len(returns)} episodes")
     if video_dir is not None:
         click.echo(f"videos: {video_dir}")
+
+
+@main.command()
+@click.argument("algo", callback=_algorithm_arg)
+@click.option("--env", help="gymnasium env id (default: the config's env).")
+@click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
+              help="The base config every trial starts from, as `flowrl train --config` (repeatable).")
+@click.option("--search", "search_items", multiple=True, metavar="KEY=EXPR",
+              help="A searched config key (repeatable): uniform(a,b), loguniform(a,b), quniform(a,b,q), randint(a,b), "
+                   "lograndint(a,b), choice(x,y,...) or grid(x,y,...), e.g. --search 'lr=loguniform(1e-4,1e-2)'.")
+@click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Trials drawn from the search space (each grid value gets this many).")
+@click.option("--scheduler", type=click.Choice(["fifo", "asha"]), default="fifo", show_default=True,
+              help="asha stops weak trials early (ASHA over training_iteration up to --stop-iters, its first cut after a "
+                   "quarter of them).")
+@click.option("--metric", default="episode_reward_mean", show_default=True,
+              help="The result key trials are ranked by (evaluation/episode_reward_mean with evaluation on).")
+@click.option("--mode", type=click.Choice(["max", "min"]), default="max", show_default=True)
+@click.option("--stop-reward", type=float, callback=_finite_arg, help="A trial stops when its episode_reward_mean reaches "
+              "this.")
+@click.option("--stop-timesteps", type=click.IntRange(min=1), help="A trial stops at this many env steps.")
+@click.option("--stop-time", type=click.FloatRange(min=0, min_open=True), callback=_finite_arg,
+              help="A trial stops after this many seconds of training.")
+@click.option("--stop-iters", type=click.IntRange(min=1), help="A trial stops at this training_iteration.")
+@click.option("--checkpoint-freq", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Checkpoint every N iterations (0: only at the end); a resumed trial goes on from its last one.")
+@click.option("--storage-path", type=click.Path(file_okay=False, path_type=Path), default=Path("runs") / "tune",
+              show_default=True, help="Where sweeps are kept: one directory per sweep, STORAGE/NAME.")
+@click.option("--name", help="The sweep's directory name (default: ALGO_ENV_YYYYmmdd-HHMMSS).")
+@click.option("--resume", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Continue the sweep in this directory (Tune's Tuner.restore): unfinished and failed trials go on "
+                   "from their last checkpoints, finished ones are kept. No other option but --address may be given.")
+@click.option("--max-concurrent", type=click.IntRange(min=1), help="At most this many trials at once (default: as "
+              "many as the cluster's CPUs hold).")
+@click.option("--seed", type=click.IntRange(min=0), help="The base config's seed (same as --config seed=S).")
+@click.option("--tuned/--no-tuned", default=False, show_default=True,
+              help="Start from the tuned preset for ALGO on --env, as `flowrl train --tuned`.")
+@click.option("--address", callback=_address_arg,
+              help="Join this Ray cluster (host:port, ray://host:port or auto) instead of starting a local one.")
+def tune(algo: str, env: str | None, config_items: tuple[str, ...], search_items: tuple[str, ...], samples: int,
+         scheduler: str, metric: str, mode: str, stop_reward: float | None, stop_timesteps: int | None,
+         stop_time: float | None, stop_iters: int | None, checkpoint_freq: int, storage_path: Path, name: str | None,
+         resume: Path | None, max_concurrent: int | None, seed: int | None, tuned: bool, address: str | None) -> None:
+    """Sweep ALGO's hyperparameters with Ray Tune: --samples trials drawn from the --search space, each a Trainer
+    from the base config (--config, --env) with its searched keys replaced, stopped by the stop criteria (and by
+    ASHA with --scheduler asha); then a table of the trials, best first. Needs `pip install 'flowrl[tune]'`.
+
+    Unless --config sets num_workers, each trial samples in its learner's process (num_workers=0), so as many
+    trials run at once as the cluster has CPUs. Each trial's logs (progress.csv, result.json, TensorBoard) and
+    checkpoints are in STORAGE/NAME/<trial>; `flowrl evaluate` takes a trial's checkpoint directory.
+    """
+    try:
+        import ray.tune  # noqa: F401
+    except ImportError as e:  # Ray without its tune extra (pandas, pyarrow, ...)
+        raise click.ClickException(f"flowrl tune needs Ray Tune, which does not import here ({e}); install it with "
+                                   f"pip install 'flowrl[tune]'") from None
+    from flowrl._cli_tune import SweepOptions, resume_sweep, run_sweep
+
+    algorithm = get_algorithm(algo)
+    if resume is not None:
+        ctx = click.get_current_context()
+        given = [p.opts[0] for p in ctx.command.params if isinstance(p, click.Option) and p.name not in
+                 ("resume", "address") and ctx.get_parameter_source(p.name or "") == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--resume continues the sweep as it was started; drop {', '.join(given)}")
+        resume_sweep(algorithm, resume, address=address)
+        return
+    stop = StopCriteria(reward=stop_reward, timesteps=stop_timesteps, time_s=stop_time, iters=stop_iters)
+    if stop.empty:
+        raise click.UsageError("give at least one stop criterion: --stop-iters N, --stop-timesteps N, --stop-time S "
+                               "or --stop-reward R")
+    if scheduler == "asha" and stop_iters is None:
+        raise click.BadParameter("ASHA needs the most iterations a trial may run: add --stop-iters N",
+                                 param_hint="'--scheduler'")
+    items = [*config_items, *([f"env={env}"] if env is not None else []), *([f"seed={seed}"] if seed is not None else [])]
+    items, note = _with_preset(algorithm, env, items, tuned=tuned)
+    if not any(item.partition("=")[0].strip() == "num_workers" for item in config_items):  # the sweep is the parallelism
+        items = [item for item in items if item.partition("=")[0].strip() != "num_workers"] + ["num_workers=0"]
+    base, _ = _config_and_checkpoint(algorithm, items, None)
+    if note is not None:
+        click.echo(note, err=True)
+    sweep_name = name or f"{algorithm.name}_{_env_name(base.env)}_{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    if "/" in sweep_name or sweep_name in (".", ".."):
+        raise click.BadParameter(f"{sweep_name!r} is not a directory name; give a plain name", param_hint="'--name'")
+    storage = storage_path.resolve()
+    _check_writable_dir(storage, "'--storage-path'")
+    options = SweepOptions(search=tuple(search_items), samples=samples, scheduler=scheduler, metric=metric, mode=mode,
+                           stop=stop, checkpoint_freq=checkpoint_freq, max_concurrent=max_concurrent)
+    run_sweep(algorithm, base, options, storage=storage, name=sweep_name, address=address)
 
 
 @main.command()

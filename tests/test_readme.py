@@ -52,6 +52,16 @@ def test_python_quickstart_writes_only_under_runs(tmp_path: Path, monkeypatch: p
     assert float(capsys.readouterr().out.strip().splitlines()[-1]) > 0
 
 
+def test_the_sweeps_python_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code_block_after("## Sweeps", "python"), "README.md (sweeps)", "exec"), {})
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed.startswith("{'lr': ") and "'model.hidden_sizes': (" in printed and "Checkpoint(" in printed, printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    assert list((tmp_path / "runs" / "tune").glob("*/*/checkpoint_*/checkpoint_000002/manifest.json"))
+
+
 DESIGN_DOCS = re.compile(r"\b(SEMANTICS|STYLE|PERFORMANCE|ARCHITECTURE)\.md\b|shared/design")
 
 
