@@ -9,9 +9,10 @@ The last line is ``sampling_efficiency=<worker / raw>`` (target >= 0.6; Sample F
 throughput is 0.75 of pure simulation).
 
 ``--backends`` instead compares the vector backends a worker can step its envs with (``vector_backend``): the
-in-process loop against gymnasium's ``AsyncVectorEnv`` (one subprocess per env), on CartPole-v1 and on a slower
-env (CartPole plus ``--slow-ms`` ms of CPU per step, standing in for a Python-level simulator), raw stepping and
-``RolloutWorker.sample()``, with ``async / loop`` ratios.
+in-process loop against gymnasium's ``AsyncVectorEnv`` (one subprocess per env) and, where it is installed (the
+``envpool`` extra) and has the env, EnvPool's C++ envs; on CartPole-v1, Acrobot-v1 (a slower Python step) and
+CartPole plus ``--slow-ms`` ms of CPU per step (standing in for a Python-level simulator), raw stepping and
+``RolloutWorker.sample()``, with ratios over the loop.
 
 Run: ``python benchmarks/sampling.py [--quick] [--envs 8 32] [--fragment 200]`` or
 ``python benchmarks/sampling.py --backends [--envs 4] [--slow-ms 1]``.
@@ -91,13 +92,24 @@ def slow_cartpole(ctx: Any) -> Any:
     return Slow(gymnasium.make("CartPole-v1"), float(ctx.config.get("ms", 1.0)))
 
 
+def _envpool_ids() -> set[str]:
+    try:
+        import envpool
+    except ImportError:
+        return set()
+    return set(envpool.list_all_envs())
+
+
 def compare_backends(num_envs: int, fragment: int, repeats: int, slow_ms: float) -> list[dict[str, Any]]:
+    """Per env, every backend that can step it, raw and in a worker, with its ratio over the loop."""
     rows = []
-    for label, env, env_config in (("CartPole-v1", "CartPole-v1", {}),
+    pool = _envpool_ids()
+    for label, env, env_config in (("CartPole-v1", "CartPole-v1", {}), ("Acrobot-v1", "Acrobot-v1", {}),
                                    (f"CartPole-v1 + {slow_ms:g} ms/step", slow_cartpole, {"ms": slow_ms})):
+        backends = ["loop", "async"] + (["envpool"] if isinstance(env, str) and env in pool else [])
         rates: dict[str, list[float]] = {}
         made = {}
-        for backend in ("loop", "async"):
+        for backend in backends:
             cfg = RolloutConfig(env=env, env_config=env_config, num_envs_per_worker=num_envs,
                                 rollout_fragment_length=fragment, seed=0, vector_backend=backend)  # type: ignore[arg-type]
             made[backend] = (RolloutWorker(policy_class=TinyPGPolicy, config=cfg),
@@ -114,9 +126,12 @@ def compare_backends(num_envs: int, fragment: int, repeats: int, slow_ms: float)
                 worker.env.close()
                 raw.close()
         med = {k: statistics.median(v) for k, v in rates.items()}
-        rows.append({"env": label, "num_envs": num_envs, **{f"{k}_steps_per_s": v for k, v in med.items()},
-                     "async_over_loop_raw": med["async_raw"] / med["loop_raw"],
-                     "async_over_loop_worker": med["async_worker"] / med["loop_worker"], "samples": rates})
+        for backend in backends:
+            rows.append({"env": label, "num_envs": num_envs, "backend": backend,
+                         "raw_steps_per_s": med[f"{backend}_raw"], "worker_steps_per_s": med[f"{backend}_worker"],
+                         "raw_over_loop": med[f"{backend}_raw"] / med["loop_raw"],
+                         "worker_over_loop": med[f"{backend}_worker"] / med["loop_worker"],
+                         "samples": {"raw": rates[f"{backend}_raw"], "worker": rates[f"{backend}_worker"]}})
     return rows
 
 
@@ -124,13 +139,12 @@ def main_backends(args: argparse.Namespace) -> None:
     repeats = 3 if args.quick else args.repeats
     rows = [row for n in args.envs for row in compare_backends(n, args.fragment, repeats, args.slow_ms)]
     print(f"\nvector backends: one RolloutWorker in-process (MLP 64-64, torch threads=1), fragment {args.fragment}, "
-          f"median of {repeats} alternating runs, env steps/s\n")
-    print("| env | envs | loop raw | async raw | async / loop | loop worker | async worker | async / loop |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          f"median of {repeats} alternating runs, env steps/s; envpool where EnvPool has the env and is installed\n")
+    print("| env | envs | backend | raw | raw / loop | worker | worker / loop |")
+    print("|---|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['env']} | {r['num_envs']} | {r['loop_raw_steps_per_s']:,.0f} | {r['async_raw_steps_per_s']:,.0f} | "
-              f"{r['async_over_loop_raw']:.2f} | {r['loop_worker_steps_per_s']:,.0f} | "
-              f"{r['async_worker_steps_per_s']:,.0f} | {r['async_over_loop_worker']:.2f} |")
+        print(f"| {r['env']} | {r['num_envs']} | {r['backend']} | {r['raw_steps_per_s']:,.0f} | {r['raw_over_loop']:.2f} | "
+              f"{r['worker_steps_per_s']:,.0f} | {r['worker_over_loop']:.2f} |")
     out = Path(args.out.replace("sampling.json", "vector_backends.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "vector_backends", "results": rows,
@@ -147,7 +161,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/sampling.json")
-    parser.add_argument("--backends", action="store_true", help="compare the loop and async vector backends")
+    parser.add_argument("--backends", action="store_true", help="compare the loop, async and envpool vector backends")
     parser.add_argument("--slow-ms", type=float, default=1.0, help="--backends: extra work per step of the slow env")
     args = parser.parse_args()
     torch.set_num_threads(1)  # one core per sampler, as a rollout worker actor has

@@ -316,7 +316,7 @@ class RolloutConfig(PolicyConfig):
     batch_mode: Literal["truncate_episodes", "complete_episodes"] = "truncate_episodes"
     num_cpus_per_worker: float = bounded(1, ge=0, meaning="CPUs each remote worker asks Ray for")
     num_gpus_per_worker: float = bounded(0, ge=0, meaning="GPUs each remote worker asks Ray for")
-    vector_backend: Literal["auto", "loop", "gymnasium", "async"] = "auto"
+    vector_backend: Literal["auto", "loop", "gymnasium", "async", "envpool"] = "auto"
     policies: Mapping[str, PolicySpec] | None = None
     policy_mapping_fn: Callable[[str], str] | Mapping[str, str] | None = None
     policies_to_train: tuple[str, ...] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import gymnasium
@@ -396,5 +397,92 @@ def test_a_worker_samples_with_the_async_backend() -> None:
         reference = RolloutWorker(policy_class=TinyPGPolicy, config=dataclasses.replace(config, vector_backend="loop"))
         a, b = worker.sample(), reference.sample()
         assert a.count == 100 and all(np.array_equal(a[k], b[k]) for k in b.keys() if k in a)
+    finally:
+        worker.env.close()
+
+
+# -- the envpool backend (EnvPool's C++ envs; a stand-in where EnvPool is not installed) ------------------------
+
+@pytest.fixture
+def stub_envpool(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrl.testing import envpool_stub
+
+    monkeypatch.setitem(sys.modules, "envpool", envpool_stub)
+
+
+def _same_step_reference(env_id: str, seeds: list[int], actions: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
+    """What a same-step-autoreset loop over gymnasium envs seeded ``seeds`` returns for ``actions``: the rows the
+    envpool backend must give, since EnvPool seeds env i with seed + i."""
+    envs = [gymnasium.make(env_id) for _ in seeds]
+    for env, seed in zip(envs, seeds):
+        env.reset(seed=seed)
+    rows = []
+    for acts in actions:
+        obs, final, rewards, dones = [], [], [], []
+        for env, a in zip(envs, acts):
+            o, r, te, tr, _ = env.step(a.item() if a.shape == () else a)
+            final.append(o)
+            rewards.append(r)
+            dones.append(te or tr)
+            obs.append(env.reset()[0] if te or tr else o)
+        rows.append((np.stack(obs), np.stack(final), np.asarray(rewards, dtype=np.float32), np.asarray(dones)))
+    return rows
+
+
+def test_the_envpool_backend_resets_a_finished_env_within_the_ending_step(stub_envpool: None) -> None:
+    env = VectorEnv("CartPole-v1", 3, seed=5, backend="envpool")
+    assert "EnvPool" in repr(env) and env.backend == "envpool"
+    pool_seed = env._impl.vec.seed  # type: ignore[attr-defined]  # the stub's
+    assert pool_seed == derive_seed(5, 0, 0) % (2**31 - 3)
+    actions = [np.ones(3, dtype=np.int64) for _ in range(40)]  # always right: episodes end every ~10 steps
+    expected = _same_step_reference("CartPole-v1", [pool_seed + i for i in range(3)], actions)
+    env.reset()
+    ended = 0
+    for acts, (obs, final, rewards, dones) in zip(actions, expected):
+        step = env.step(acts)
+        assert np.array_equal(step.obs, obs) and np.array_equal(step.final_obs, final)
+        assert np.array_equal(step.rewards, rewards) and np.array_equal(step.terminateds | step.truncateds, dones)
+        ended += len(step.episodes)
+    assert ended >= 9  # every row a real transition: no reset rows with reward 0 in between
+    env.close()
+
+
+def test_the_envpool_backend_takes_box_actions_and_restores_by_starting_new_episodes(stub_envpool: None) -> None:
+    env = VectorEnv("Pendulum-v1", 2, seed=1, backend="envpool")
+    env.reset()
+    env.step(np.zeros((2, 1), dtype=np.float32))
+    state = json.loads(json.dumps(env.get_state()))
+    with pytest.warns(RuntimeWarning, match=r"envs \[0, 1\] could not replay their saved episode \(EnvPool's "
+                                            r"simulator state lives in C\+\+ and cannot be saved\); they start new"):
+        env.set_state(state)
+    assert env.current_obs.shape == (2, 3) and env.get_state()["episode_lengths"] == [0, 0]
+    env.close()
+
+
+def test_the_envpool_backend_refuses_what_it_cannot_build(stub_envpool: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"EnvPool has no env 'CartPole-v9' \(it has \['CartPole-v1'\]\); "
+                                         r"envpool.list_all_envs\(\) lists its ids"):
+        VectorEnv("CartPole-v9", 2, backend="envpool")
+    with pytest.raises(ValueError, match=r"backend='envpool' builds envs by EnvPool id; .* is a callable"):
+        VectorEnv(lambda ctx: gymnasium.make("CartPole-v1"), 2, backend="envpool")
+    monkeypatch.setitem(sys.modules, "envpool", None)  # not installed
+    with pytest.raises(ValueError, match=r"needs EnvPool, which does not import here .*pip install 'flowrl\[envpool\]'"):
+        VectorEnv("CartPole-v1", 2, backend="envpool")
+
+
+def test_a_worker_samples_with_real_envpool() -> None:
+    pytest.importorskip("envpool", reason="EnvPool is the optional envpool extra, not part of dev")
+    from flowrl.testing import TinyPGPolicy
+    from flowrl.workers import RolloutConfig, RolloutWorker
+
+    config = RolloutConfig(seed=0, num_envs_per_worker=4, rollout_fragment_length=100, vector_backend="envpool")
+    worker = RolloutWorker(policy_class=TinyPGPolicy, config=config)
+    try:
+        batch = worker.sample()
+        assert batch.count == 400
+        assert (batch["rewards"] == 1.0).all()  # every row a real CartPole step: no reward-0 reset rows
+        episodes = worker.get_metrics()
+        assert len(episodes) >= 4 and all(8 <= ep.episode_length <= 500 for ep in episodes)
+        assert sum(ep.episode_length for ep in episodes) <= 400
     finally:
         worker.env.close()
