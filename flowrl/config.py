@@ -414,6 +414,10 @@ class TrainerConfig(RolloutConfig):
             worker in the driver.
         evaluation_explore: evaluate with sampled actions (``True``) or the most likely ones (``False``, greedy,
             as ``flowrl evaluate``).
+        evaluation_parallel_to_training: run each evaluation on the remote evaluation workers while the
+            training of its report goes on, with the weights the report before it ended with (RLlib's
+            ``evaluation_parallel_to_training``); needs ``evaluation_num_workers >= 1``. ``False``: evaluate after
+            the report's training, with its weights, while training waits.
     """
 
     num_workers: int = bounded(default_factory=num_workers_that_fit(2, "TrainerConfig"), ge=0,
@@ -438,6 +442,7 @@ class TrainerConfig(RolloutConfig):
     evaluation_duration_unit: Literal["episodes", "timesteps"] = "episodes"
     evaluation_num_workers: int = bounded(0, ge=0, meaning="remote evaluation workers; 0 evaluates in the driver")
     evaluation_explore: bool = False
+    evaluation_parallel_to_training: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -454,6 +459,9 @@ class TrainerConfig(RolloutConfig):
         if self.evaluation_duration_unit not in ("episodes", "timesteps"):
             raise ValueError(f"evaluation_duration_unit={self.evaluation_duration_unit!r}; use 'episodes' or "
                              f"'timesteps'")
+        if self.evaluation_parallel_to_training and not self.evaluation_num_workers:
+            raise ValueError("evaluation_parallel_to_training=True evaluates on remote evaluation workers while the "
+                             "driver trains, but evaluation_num_workers=0; set evaluation_num_workers >= 1")
         if self.count_steps_by not in ("env_steps", "agent_steps"):
             raise ValueError(f"count_steps_by={self.count_steps_by!r}; use 'env_steps' or 'agent_steps'")
         if self.model.use_lstm and not self.use_simple_optimizer:

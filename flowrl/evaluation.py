@@ -385,6 +385,11 @@ class Evaluate:
     the cadence goes on across a restore. An evaluation worker that died is recreated and the evaluation
     run again, once.
 
+    With ``parallel=True`` (remote evaluation workers only), the report before an evaluation report launches the
+    evaluation with its weights and returns at once, so the evaluation workers sample while the next report
+    trains; that report then collects the evaluation. A report due an evaluation that none was launched for (the
+    first one when ``interval`` is 1, the first after a restore) evaluates then, as without ``parallel``.
+
     Examples:
         >>> from flowrl.testing import make_fake_workers
         >>> op = Evaluate(make_fake_workers(0), make_fake_workers(0), interval=2, duration=4, unit="episodes",
@@ -394,49 +399,69 @@ class Evaluate:
     """
 
     def __init__(self, workers: WorkerSet, evaluation: WorkerSet, *, interval: int, duration: int,
-                 unit: Literal["episodes", "timesteps"], explore: bool, report_number: Callable[[], int]) -> None:
+                 unit: Literal["episodes", "timesteps"], explore: bool, report_number: Callable[[], int],
+                 parallel: bool = False) -> None:
         check_int("interval", interval, 1, "reports between evaluations")
         check_int("duration", duration, 1, "episodes or env steps per evaluation")
+        if parallel and not evaluation.remote_workers():
+            raise ValueError("Evaluate(parallel=True) evaluates on remote evaluation workers while the driver trains; "
+                             "give it an evaluation WorkerSet with num_workers >= 1")
         self.workers, self.evaluation = workers, evaluation
         self.interval, self.duration, self.unit, self.explore = interval, duration, unit, explore
         self.report_number = report_number
+        self.parallel = parallel
+        self._pending: list[Any] | None = None  # a parallel evaluation launched for the next report
 
     def __call__(self, result: dict[str, Any]) -> dict[str, Any]:
-        if self.report_number() % self.interval:
+        number = self.report_number()
+        if number % self.interval:
+            if self.parallel and (number + 1) % self.interval == 0:
+                self._pending = self._launch()  # runs while the next report trains
             return result
         return {**result, EVALUATION: evaluation_metrics(self.evaluate())}
 
     def evaluate(self) -> EvaluationResult:
-        """One evaluation with the learner's current weights."""
+        """One evaluation: the one launched in parallel with this report's training, if any (with the weights of
+        the report before), else one now with the learner's current weights."""
+        pending, self._pending = self._pending, None
         try:
+            if pending is not None:
+                return merge_results(executor.get(pending))
             return self._evaluate()
         except executor.ActorDiedError:
             self.evaluation.recreate_workers(self.evaluation.check_health())
             return self._evaluate()
 
     def _evaluate(self) -> EvaluationResult:
-        weights = self.workers.local_worker().get_weights()
         remote = self.evaluation.remote_workers()
-        by_steps = self.unit == "timesteps"
         if not remote:
             local = self.evaluation.local_worker()
-            local.set_weights(weights)
-            return evaluate_worker(local, episodes=self.duration, steps=self.duration if by_steps else 0,  # type: ignore[arg-type]
-                                   explore=self.explore)
-        ref = executor.put(weights)
+            local.set_weights(self.workers.local_worker().get_weights())
+            return evaluate_worker(local, episodes=self.duration,  # type: ignore[arg-type]
+                                   steps=self.duration if self.unit == "timesteps" else 0, explore=self.explore)
+        return merge_results(executor.get(self._launch()))
+
+    def _launch(self) -> list[Any]:
+        """Sends the learner's current weights to the remote evaluation workers and starts their shares of one
+        evaluation; the references to their results."""
+        ref = executor.put(self.workers.local_worker().get_weights())
+        by_steps = self.unit == "timesteps"
         calls = []
-        for worker, share in zip(remote, _quota(self.duration, len(remote))):
+        for worker, share in zip(self.evaluation.remote_workers(), _quota(self.duration,
+                                                                          len(self.evaluation.remote_workers()))):
             if share:
                 worker.set_weights.remote(ref)
                 calls.append(worker.apply.remote(partial(evaluate_worker, episodes=share,
                                                          steps=share if by_steps else 0, explore=self.explore)))
-        return merge_results(executor.get(calls))
+        return calls
 
     def __repr__(self) -> str:
         amount = f"{self.duration} {'env steps' if self.unit == 'timesteps' else 'episodes'}"
         n = len(self.evaluation.remote_workers())
         where = f"on {n} worker{'s' if n > 1 else ''}" if n else "in the driver"
-        return f"Evaluate(every {self.interval} reports: {amount}, {'sampled' if self.explore else 'greedy'}, {where})"
+        when = ", in parallel with training" if self.parallel else ""
+        return (f"Evaluate(every {self.interval} reports: {amount}, {'sampled' if self.explore else 'greedy'}, "
+                f"{where}{when})")
 
 
 def with_evaluation(plan: Any, workers: WorkerSet, evaluation: WorkerSet | None, config: TrainerConfig,
@@ -447,4 +472,5 @@ def with_evaluation(plan: Any, workers: WorkerSet, evaluation: WorkerSet | None,
         return plan
     return plan.for_each(Evaluate(workers, evaluation, interval=config.evaluation_interval,
                                   duration=config.evaluation_duration, unit=config.evaluation_duration_unit,
-                                  explore=config.evaluation_explore, report_number=report_number))
+                                  explore=config.evaluation_explore, report_number=report_number,
+                                  parallel=config.evaluation_parallel_to_training))

@@ -88,6 +88,33 @@ def test_multi_agent_evaluation_reports_each_policys_return() -> None:
     assert ev["episodes_this_iter"] == 4 and set(ev["policy_reward_mean"]) == set(config.policies or {})
 
 
+def test_a_parallel_evaluation_runs_during_its_reports_training_with_the_weights_before_it() -> None:
+    parallel, weights = run(dataclasses.replace(EVALUATED, evaluation_parallel_to_training=True), 4)
+    plain, plain_weights = run(PPO, 4)
+    assert ["evaluation" in r for r in parallel] == [False, True, False, True]
+    # launched when report 1 ended, so it evaluated report 1's weights: the same episodes as the first evaluation
+    # of a run that evaluates after every report, the first one with report 1's weights
+    every, _ = run(dataclasses.replace(EVALUATED, evaluation_interval=1), 1)
+    assert parallel[1]["evaluation"] == every[0]["evaluation"]
+    for a, b in zip(parallel, plain):  # and training never saw it
+        assert (a["timesteps_total"], a["info"]["num_steps_trained"]) == (b["timesteps_total"],
+                                                                        b["info"]["num_steps_trained"])
+    assert all(np.array_equal(weights[k], plain_weights[k]) for k in plain_weights)
+
+
+def test_a_parallel_evaluation_due_with_none_launched_runs_then() -> None:
+    (first,), _ = run(dataclasses.replace(EVALUATED, evaluation_interval=1, evaluation_parallel_to_training=True), 1)
+    assert first["evaluation"]["episodes_this_iter"] == 5  # report 1 had no report before it to launch it
+
+
+@pytest.mark.on_ray
+def test_a_parallel_evaluation_on_ray() -> None:
+    config = dataclasses.replace(EVALUATED, num_cpus_per_worker=0, evaluation_parallel_to_training=True)
+    results, _ = run(config, 2)
+    assert "evaluation" not in results[0] and results[1]["evaluation"]["episodes_this_iter"] == 5
+    assert results[1]["timesteps_total"] == 800
+
+
 @pytest.mark.on_ray
 def test_remote_evaluation_workers_on_ray() -> None:
     config = dataclasses.replace(EVALUATED, evaluation_interval=1, num_cpus_per_worker=0)
@@ -100,6 +127,9 @@ def test_plan_show_draws_the_evaluation_step() -> None:
                                      "--config", "evaluation_num_workers=2"])
     assert done.exit_code == 0, done.output
     assert "Evaluate(every 3 reports: 10 episodes, greedy, on 2 workers)" in done.output
+    done = CliRunner().invoke(main, ["plan", "show", "ppo", "--config", "evaluation_interval=3", "--config",
+                                     "evaluation_num_workers=1", "--config", "evaluation_parallel_to_training=true"])
+    assert "Evaluate(every 3 reports: 10 episodes, greedy, on 1 worker, in parallel with training)" in done.output
 
 
 def test_the_cli_stops_on_the_evaluation_return_when_asked(tmp_path: Path) -> None:
@@ -120,6 +150,8 @@ def test_the_cli_stops_on_the_evaluation_return_when_asked(tmp_path: Path) -> No
     ("evaluation_interval", -2, "evaluation_interval=-2"),
     ("evaluation_duration", 0, "evaluation_duration=0"),
     ("evaluation_duration_unit", "steps", "evaluation_duration_unit='steps'; use 'episodes' or 'timesteps'"),
+    ("evaluation_parallel_to_training", True, "evaluation_parallel_to_training=True evaluates on remote evaluation "
+                                              "workers .* but evaluation_num_workers=0; set evaluation_num_workers >= 1"),
 ])
 def test_bad_evaluation_settings_are_named(field: str, value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
