@@ -304,13 +304,15 @@ def _later_checkpoints(checkpoint_dir: Path, iteration: int) -> list[str]:
     return sorted(n for n in names if int(n.rpartition("_")[2]) > iteration)
 
 
-def _make_trackers(names: Sequence[str], run_dir: Path, config: TrainerConfig) -> list[Tracker]:
-    """The ``--logger`` trackers for the run; a tracker whose package is missing is a usage error naming the extra."""
+def _make_trackers(names: Sequence[str], run_dir: Path, config: TrainerConfig,
+                   resume_iteration: int | None) -> list[Tracker]:
+    """The ``--logger`` trackers for the run (continuing their runs when it resumes from their last iteration); a
+    tracker whose package is missing is a usage error naming the extra."""
     made: list[Tracker] = []
     try:
         for name in names:
-            made.append(make_tracker(name, run_dir, config_to_data(config)["fields"]))
-            click.echo(f"{name}: {made[-1].where}")
+            made.append(make_tracker(name, run_dir, config_to_data(config)["fields"], resume_iteration=resume_iteration))
+            click.echo(f"{name}: {made[-1].where}" + (f" ({made[-1].note})" if made[-1].note else ""))
     except ImportError as e:
         for tracker in made:
             tracker.close()
@@ -356,7 +358,8 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
                     if checkpoint is not None:  # the run's newest branch starts here, before later rows go
                         record_checkpoint(run_dir, checkpoint, checkpoint_dir=checkpoint_dir)
                     logs = RunLogger(run_dir, keep_through_iteration=completed if checkpoint else None,
-                                     trackers=_make_trackers(trackers, run_dir, config))
+                                     trackers=_make_trackers(trackers, run_dir, config,
+                                                             completed if checkpoint else None))
                 with logs, _Progress(live=sys.stdout.isatty()) as progress:
                     if logs.dropped and checkpoint is not None:
                         later = _later_checkpoints(checkpoint_dir, completed)
