@@ -167,7 +167,8 @@ def test_flowrl_tune_on_a_cluster_prints_the_results_table_and_resumes(tmp_path:
     address = ray.get_runtime_context().gcs_address
     common = ["--address", address]
     run = subprocess.run([sys.executable, "-m", "flowrl", "tune", "pg", "--search", "lr=grid(0.001,0.01)",
-                          "--config", "train_batch_size=200", "--stop-iters", "2", "--storage-path", str(tmp_path),
+                          "--config", "train_batch_size=200", "--config", "num_workers=1",  # a remote worker a trial
+                          "--config", "num_cpus_per_worker=0.5", "--stop-iters", "2", "--storage-path", str(tmp_path),
                           "--name", "cli", "--max-concurrent", "2", *common],
                          capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -178,6 +179,7 @@ def test_flowrl_tune_on_a_cluster_prints_the_results_table_and_resumes(tmp_path:
     assert list(Path(checkpoint).glob("checkpoint_000002/manifest.json")), checkpoint
     record = json.loads((tmp_path / "cli" / "flowrl_sweep.json").read_text())
     assert record["algorithm"] == "pg" and record["search"] == ["lr=grid(0.001,0.01)"]
+    assert record["config"]["fields"]["num_workers"] == 1
     again = subprocess.run([sys.executable, "-m", "flowrl", "tune", "pg", "--resume", str(tmp_path / "cli"), *common],
                            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
