@@ -22,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -373,11 +374,17 @@ class _EnvPoolImpl:
     cannot_replay = "EnvPool's simulator state lives in C++ and cannot be saved"
 
     def __init__(self, env_id: str, num_envs: int, seed: int | None, config: Mapping[str, Any]) -> None:
+        backend = os.environ.get("MPLBACKEND")
         try:
             import envpool
         except ImportError as e:
             raise ValueError(f"backend='envpool' needs EnvPool, which does not import here ({e}); install it with "
                              f"pip install 'flowrl[envpool]', or use backend='auto'") from None
+        finally:  # importing EnvPool sets MPLBACKEND=Agg for the whole process (its jumanji renderer): undone
+            if backend is None:
+                os.environ.pop("MPLBACKEND", None)
+            else:
+                os.environ["MPLBACKEND"] = backend
         known = envpool.list_all_envs()
         if env_id not in known:
             close = [k for k in known if k.split("-")[0].lower() == env_id.split("-")[0].lower()]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+import os
 import sys
 from typing import Any
 
@@ -470,8 +472,10 @@ def test_the_envpool_backend_refuses_what_it_cannot_build(stub_envpool: None, mo
         VectorEnv("CartPole-v1", 2, backend="envpool")
 
 
-def test_a_worker_samples_with_real_envpool() -> None:
-    pytest.importorskip("envpool", reason="EnvPool is the optional envpool extra, not part of dev")
+@pytest.mark.skipif(importlib.util.find_spec("envpool") is None,
+                    reason="EnvPool is the optional envpool extra, not part of dev")
+def test_a_worker_samples_with_real_envpool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MPLBACKEND", raising=False)
     from flowrl.testing import TinyPGPolicy
     from flowrl.workers import RolloutConfig, RolloutWorker
 
@@ -484,5 +488,6 @@ def test_a_worker_samples_with_real_envpool() -> None:
         episodes = worker.get_metrics()
         assert len(episodes) >= 4 and all(8 <= ep.episode_length <= 500 for ep in episodes)
         assert sum(ep.episode_length for ep in episodes) <= 400
+        assert "MPLBACKEND" not in os.environ  # importing EnvPool sets it for the process; the backend undoes that
     finally:
         worker.env.close()
