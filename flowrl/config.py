@@ -90,7 +90,9 @@ class ModelConfig:
         hidden_sizes: widths of the fully connected layers (after the CNN for images).
         activation: ``"tanh"``, ``"relu"`` or ``"elu"``.
         vf_share_layers: one trunk for policy and value (True) or a separate value network (False).
-        conv_filters: ``(out_channels, kernel, stride)`` per conv layer, for image observations.
+        conv_filters: ``(out_channels, kernel, stride)`` per conv layer, for image observations (HWC); ``None``
+            (the default) picks by the image's size: the Nature CNN from 36x36 up (84x84 Atari frames), MinAtar's
+            one 3x3 layer below (:func:`flowrl.models.default_conv_filters`).
         free_log_std: Gaussian log-std as a state-independent parameter (True) or a network output.
         use_lstm: a recurrent model (:class:`flowrl.models.RecurrentActorCritic`): the encoder and MLP feed a
             cell whose state a rollout worker carries per env from step to step (restarted at every episode end)
@@ -109,7 +111,7 @@ class ModelConfig:
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: Literal["tanh", "relu", "elu"] = "tanh"
     vf_share_layers: bool = False
-    conv_filters: tuple[tuple[int, int, int], ...] = ((16, 8, 4), (32, 4, 2))
+    conv_filters: tuple[tuple[int, int, int], ...] | None = None
     free_log_std: bool = True
     use_lstm: bool = False
     lstm_cell_size: int = 256
@@ -123,7 +125,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.hidden_sizes={self.hidden_sizes!r} must be positive ints, e.g. (64, 64)")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"ModelConfig.activation={self.activation!r}; use one of {list(ACTIVATIONS)}")
-        for f in self.conv_filters:
+        for f in self.conv_filters or ():
             if len(f) != 3 or not all(isinstance(x, int) and x > 0 for x in f):
                 raise ValueError(f"ModelConfig.conv_filters entry {f!r} must be (out_channels, kernel, stride)")
         for name, example in (("lstm_cell_size", 256), ("max_seq_len", 20)):

@@ -27,7 +27,7 @@ from torch import nn
 from flowrl.config import ModelConfig
 
 __all__ = ["ModelConfig", "ActorCriticModel", "make_model", "ActionDistribution", "Categorical",
-           "DiagGaussian", "dist_class_for", "NumpyActing", "QModel", "NumpyQ", "ActorModel", "ContinuousQModel",
+           "DiagGaussian", "dist_class_for", "NATURE_CNN", "MINATAR_CNN", "default_conv_filters", "NumpyActing", "QModel", "NumpyQ", "ActorModel", "ContinuousQModel",
            "NumpyMLP", "RecurrentActorCritic", "NumpyRecurrent", "prev_action_size", "encode_prev_actions"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU}
@@ -65,8 +65,9 @@ class _ConvEncoder(nn.Module):
             channels = out
             height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
             if height < 1 or width < 1:
-                raise ValueError(f"ModelConfig.conv_filters={filters} shrink an image of shape {shape} to "
-                                 f"nothing; use smaller kernels/strides for this observation size")
+                raise ValueError(f"ModelConfig.conv_filters={filters} shrink an image of shape {shape} (height, "
+                                 f"width, channels) to nothing; set model.conv_filters to smaller kernels/strides "
+                                 f"for this size, e.g. [[16,3,1]] (a frame stack puts its frames last: HWC)")
         self.net = nn.Sequential(*layers, nn.Flatten())
         self.out_size, self.scale = channels * height * width, scale
 
@@ -74,12 +75,43 @@ class _ConvEncoder(nn.Module):
         return self.net(obs.float().permute(0, 3, 1, 2) / self.scale)  # type: ignore[no-any-return]
 
 
+#: Mnih et al. 2015 ("Human-level control through deep reinforcement learning"), for 84x84 Atari frames.
+NATURE_CNN: tuple[tuple[int, int, int], ...] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+#: Young & Tian 2019 (MinAtar), for 10x10 frames: one 3x3 layer of 16 channels, stride 1.
+MINATAR_CNN: tuple[tuple[int, int, int], ...] = ((16, 3, 1),)
+#: From this height and width up, images get :data:`NATURE_CNN` (84x84 Atari, 64x64 Procgen); below, :data:`MINATAR_CNN`.
+NATURE_CNN_MIN_SIZE = 36
+
+
+def default_conv_filters(shape: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """The conv layers for HWC images of ``shape`` when ``ModelConfig.conv_filters`` is ``None``.
+
+    Examples:
+        >>> default_conv_filters((84, 84, 4)) == NATURE_CNN, default_conv_filters((10, 10, 4)) == MINATAR_CNN
+        (True, True)
+    """
+    return NATURE_CNN if min(shape[0], shape[1]) >= NATURE_CNN_MIN_SIZE else MINATAR_CNN
+
+
+def _pixel_scale(space: gym.spaces.Box) -> float:
+    """What an image's values are divided by on the learner: 255 for uint8 frames, 1 for bool (MinAtar) and float."""
+    return 255.0 if space.dtype == np.uint8 else 1.0
+
+
 def _encoder(obs_space: gym.spaces.Box, config: ModelConfig) -> tuple[nn.Module, int]:
-    """The observation encoder and its output size: a CNN for HWC images (uint8 scaled from 0..255), else a
-    flatten."""
+    """The observation encoder and its output size: a CNN for HWC images (``config.conv_filters``, or the one
+    :func:`default_conv_filters` picks for their size; uint8 frames scaled from 0..255 on the model's device), else
+    a flatten."""
     shape = tuple(obs_space.shape)
     if len(shape) == 3:
-        conv = _ConvEncoder(shape, config.conv_filters, nn.ReLU, 255.0 if obs_space.dtype == np.uint8 else 1.0)
+        if shape[1] == shape[2] and shape[0] < shape[1] and shape[0] <= 16:
+            raise ValueError(f"observation shape {shape} looks channels-first ({shape[0]} frames of {shape[1]}x"
+                             f"{shape[2]}, as gymnasium's FrameStackObservation stacks them); flowrl's image "
+                             f"encoders take height x width x channels: move the frames last (e.g. "
+                             f"gymnasium.wrappers.TransformObservation with np.moveaxis(obs, 0, -1) and a "
+                             f"({shape[1]}, {shape[2]}, {shape[0]}) Box)")
+        filters = config.conv_filters if config.conv_filters is not None else default_conv_filters(shape)
+        conv = _ConvEncoder(shape, filters, nn.ReLU, _pixel_scale(obs_space))
         return conv, conv.out_size
     return nn.Flatten(), int(np.prod(shape))
 

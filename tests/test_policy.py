@@ -91,7 +91,8 @@ def test_unsupported_action_space_and_bad_configs() -> None:
     with pytest.raises(ValueError, match="lr"):
         PolicyConfig(lr=0)
     with pytest.raises(ValueError, match="conv_filters"):
-        make_model(gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), gym.spaces.Discrete(2), ModelConfig())
+        make_model(gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), gym.spaces.Discrete(2),
+                   ModelConfig(conv_filters=((16, 8, 4), (32, 4, 2))))
 
 
 def test_seeded_policies_act_identically() -> None:

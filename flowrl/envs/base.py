@@ -90,8 +90,10 @@ EnvSpec = Union[str, Callable[[EnvContext], "gymnasium.Env[Any, Any]"], Callable
 
 
 #: gymnasium namespaces that a package registers when it is imported: namespace -> (pip requirement, module).
-#: An id in one of them (``"ALE/Pong-v5"``) imports the module first, as ``"ale_py:ALE/Pong-v5"`` would.
-_NAMESPACE_PACKAGES: dict[str, tuple[str, str]] = {"ALE": ("ale-py", "ale_py")}
+#: An id in one of them (``"ALE/Pong-v5"``) imports the module first, as ``"ale_py:ALE/Pong-v5"`` would. (MinAtar
+#: registers its ids only when asked: flowrl.envs.minatar asks.)
+_NAMESPACE_PACKAGES: dict[str, tuple[str, str]] = {"ALE": ("ale-py", "ale_py"),
+                                                   "MinAtar": ("minatar", "flowrl.envs.minatar")}
 
 
 def _one_line(text: str) -> str:
