@@ -304,6 +304,11 @@ class RolloutConfig(PolicyConfig):
             remote calls run one at a time in a fixed order and learner threads become steps of the driver, so a
             run is deterministic, a ``breakpoint()`` in an env, a loss or an operator stops in this process, and a
             synchronous plan gives the same weights and counters as under ``"ray"`` with the same seed.
+        clip_rewards: ``None`` (the default): the batches hold the env's rewards; a number ``c``: each reward is
+            clipped to ``[-c, c]`` in the sampled batches (what the learner trains on, and what a recurrent model
+            reads as the previous reward), while the episode statistics (``episode_reward_mean``, evaluation) keep
+            the env's own rewards: ``clip_rewards=1.0`` is the Atari clipping of Mnih et al. 2015 with the game
+            score still reported.
         callbacks: user hooks (:mod:`flowrl.callbacks`): a :class:`~flowrl.callbacks.Callbacks` subclass or its
             import path ``"package.module:ClassName"`` (the path is what a checkpoint keeps and what
             ``--config callbacks=...`` takes). Each worker and the trainer make their own instance. ``None``:
@@ -328,6 +333,7 @@ class RolloutConfig(PolicyConfig):
     observation_filter: ObservationFilterName = "NoFilter"
     flush_denormal: bool = True
     executor: Literal["ray", "local"] = "ray"
+    clip_rewards: float | None = bounded(None, gt=0, meaning="clip the batches' rewards to [-c, c]; None keeps them")
     callbacks: str | type[Callbacks] | None = None
 
     def __post_init__(self) -> None:

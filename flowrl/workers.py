@@ -203,7 +203,7 @@ class RolloutWorker(ParallelIteratorWorker):
         obs, actions, rewards, terms, truncs, next_obs = [], [], [], [], [], []
         extras: dict[str, list[np.ndarray]] = {}
         episodes, obs_filter, state, prev = self._episodes, self.obs_filter, self._policy_state, self._prev
-        tracker = self._tracker
+        tracker, clip = self._tracker, self.config.clip_rewards
         for _ in range(steps):  # the hot loop: one batched forward pass and one vector step per turn
             if state:  # a recurrent policy: it acts from each env's state and returns the next
                 acts, extra, state = policy.sample_actions_with_state(self._obs, state, prev)
@@ -213,13 +213,14 @@ class RolloutWorker(ParallelIteratorWorker):
             step = env.step(env_acts)
             if tracker is not None:
                 tracker.after_step(step.rewards, step.final_obs, env_acts, step.episodes)
+            step_rewards = step.rewards if clip is None else np.clip(step.rewards, -clip, clip)  # episode stats: raw
             if state:  # the next episode of an env that ended starts from the initial state
                 ended = step.terminateds | step.truncateds
                 state = restart_states(state, ended, self._initial_state)
-                prev = next_prev_inputs(acts, step.rewards, ended, self._initial_prev)  # (and no previous a, r)
+                prev = next_prev_inputs(acts, step_rewards, ended, self._initial_prev)  # (and no previous a, r)
             obs.append(self._obs)
             actions.append(acts)
-            rewards.append(step.rewards)
+            rewards.append(step_rewards)
             terms.append(step.terminateds)
             truncs.append(step.truncateds)
             for key, value in extra.items():
@@ -337,6 +338,8 @@ class RolloutWorker(ParallelIteratorWorker):
                         continue  # a reward for an agent that did not act this step has no transition
                     term = bool(step.terminateds[i].get(aid, False) or step.terminateds[i]["__all__"])
                     trunc = not term and bool(step.truncateds[i].get(aid, False) or step.truncateds[i]["__all__"])
+                    if self.config.clip_rewards is not None:  # the batch's; the episode statistics keep the env's
+                        reward = min(max(reward, -self.config.clip_rewards), self.config.clip_rewards)
                     cols = rows.setdefault((i, aid), {})
                     for key, value in ((OBS, self._obs[i][aid]), (ACTIONS, actions[i][aid]), (REWARDS, reward),
                                        (TERMINATEDS, term), (TRUNCATEDS, trunc),

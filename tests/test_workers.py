@@ -13,7 +13,7 @@ import pytest
 import ray
 
 from flowrl.iter import from_actors
-from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, RETURNS, T, TERMINATEDS, TRUNCATEDS,
+from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, RETURNS, REWARDS, T, TERMINATEDS, TRUNCATEDS,
                                  VF_PREDS, MultiAgentBatch, SampleBatch)
 from flowrl.testing import TinyPGPolicy
 from flowrl.workers import PolicySpec, RolloutConfig, RolloutWorker, WorkerSet
@@ -275,3 +275,29 @@ def test_learning_flushes_denormals_and_leaves_the_thread_as_it_was(flush: bool,
     thread.start()
     thread.join()
     assert seen == {"learning": flush or before, "after": before}
+
+
+def _tripled_cartpole(ctx: Any) -> gym.Env[Any, Any]:
+    """CartPole paying 3 a step: its clipped rewards differ from its own."""
+    return gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: 3.0 * r)
+
+
+def test_clip_rewards_clips_the_batch_and_the_episode_statistics_keep_the_env_rewards() -> None:
+    config = RolloutConfig(env=_tripled_cartpole, seed=0, num_envs_per_worker=2, rollout_fragment_length=100)
+    clipped = RolloutWorker(policy_class=TinyPGPolicy, config=dataclasses.replace(config, clip_rewards=1.0))
+    plain = RolloutWorker(policy_class=TinyPGPolicy, config=config)
+    a, b = clipped.sample(), plain.sample()
+    assert np.all(a[REWARDS] == 1.0) and np.all(b[REWARDS] == 3.0)
+    assert np.array_equal(a[ACTIONS], b[ACTIONS])  # the same run otherwise
+    episodes = clipped.get_metrics()
+    assert episodes and all(ep.episode_return == 3.0 * ep.episode_length for ep in episodes)  # the game's score
+    with pytest.raises(ValueError, match="clip_rewards=0"):
+        RolloutConfig(clip_rewards=0.0)
+
+
+def test_clip_rewards_clips_each_agents_rewards_too() -> None:
+    worker = RolloutWorker(policy_class=TinyPGPolicy, config=multi_agent_config(clip_rewards=0.3))
+    batch = worker.sample()
+    assert all(np.allclose(b[REWARDS], 0.3) for b in batch.policy_batches.values())
+    returns = [r for ep in worker.get_metrics() for r in ep.agent_returns.values()]
+    assert returns and all(r == int(r) > 0 for r in returns), returns  # 1 a step, unclipped (0.3 a step would show)
