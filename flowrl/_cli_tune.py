@@ -189,7 +189,11 @@ def resume_sweep(algorithm: Algorithm, experiment: Path, *, address: str | None)
                              f"`flowrl tune {record['algorithm']} --resume {experiment}`")
         base = config_from_data(algorithm.config_class, record["config"])
         options = _options_from_data(record["options"])
-    except (ValueError, TypeError, KeyError) as e:
+        _check_tune_state(experiment)
+    except KeyError as e:
+        raise click.BadParameter(f"{experiment / 'flowrl_sweep.json'} is malformed: it has no {e}; it was not written "
+                                 f"by flowrl tune", param_hint="'--resume'") from None
+    except (ValueError, TypeError) as e:
         raise click.BadParameter(str(e), param_hint="'--resume'") from None
     _init_ray(address)
     flowrl_trainable = trainable(algorithm, base)
@@ -197,6 +201,26 @@ def resume_sweep(algorithm: Algorithm, experiment: Path, *, address: str | None)
     tuner = tune.Tuner.restore(str(experiment.resolve()), trainable=flowrl_trainable, resume_unfinished=True,
                                resume_errored=True)
     _report(tuner.fit(), options, experiment, algorithm)
+
+
+def _check_tune_state(experiment: Path) -> None:
+    """Refuses a sweep whose Tune state file is missing or cut short: from one, ``Tuner.restore`` logs an error and
+    silently starts an empty sweep in the same directory. Tune copies the file to storage in the background and not
+    atomically, so a sweep killed during a copy leaves it so.
+
+    Raises:
+        ValueError: naming the file and what stays usable.
+    """
+    states = sorted(experiment.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    if not states:
+        raise ValueError(f"{str(experiment)!r} holds no experiment_state-*.json: Ray Tune never saved this sweep's "
+                         f"state, so it cannot be resumed; start it again")
+    try:
+        json.loads(states[-1].read_bytes())
+    except ValueError:
+        raise ValueError(f"{states[-1]} is empty or cut short (the sweep was killed while Ray Tune was writing it), so "
+                         f"Tune cannot resume the sweep and would start an empty one; start it again (its trials' "
+                         f"checkpoints in {experiment} stay usable with flowrl evaluate)") from None
 
 
 def _options_data(options: SweepOptions) -> dict[str, Any]:

@@ -211,3 +211,21 @@ def test_the_progress_lines_name_trials_metrics_and_searched_values(capsys: pyte
         "PPO_ab12c_00001 done: 4 iterations, evaluation/episode_reward_mean=87.5 (lr=0.15)",
         "sweep: 1 running, 1 terminated; best evaluation/episode_reward_mean so far 87.5 (lr=0.15)",
     ]
+
+
+def test_flowrl_tune_resume_refuses_a_sweep_whose_tune_state_was_cut_short(tmp_path: Path) -> None:
+    from flowrl._cli_train import StopCriteria
+    from flowrl._cli_tune import SweepOptions, _options_data
+    from flowrl.tune import SWEEP_RECORD, sweep_record
+
+    options = SweepOptions(search=("lr=uniform(0.001,0.01)",), samples=2, scheduler="fifo", metric="episode_reward_mean",
+                           mode="max", stop=StopCriteria(iters=2), checkpoint_freq=1, max_concurrent=None)
+    record = sweep_record(get_algorithm("ppo"), SMALL, options.search, options=_options_data(options))
+    (tmp_path / SWEEP_RECORD).write_text(json.dumps(record))
+    (tmp_path / "experiment_state-2026-12-07_06-15-46.json").write_bytes(b"")  # killed while Tune copied it
+    result = CliRunner().invoke(main, ["tune", "ppo", "--resume", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "experiment_state-2026-12-07_06-15-46.json is empty or cut short" in " ".join(result.output.split())
+    (tmp_path / SWEEP_RECORD).write_text(json.dumps({**record, "options": {}}))
+    result = CliRunner().invoke(main, ["tune", "ppo", "--resume", str(tmp_path)])
+    assert result.exit_code == 2 and "is malformed: it has no 'search'" in " ".join(result.output.split())

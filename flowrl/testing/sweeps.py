@@ -4,7 +4,7 @@ The sweep: PPO on CartPole, a grid over ``seed`` (0 to 3), 3 iterations a trial,
 trials at a time. While the hold file exists, every trial but seed 0's holds inside its second ``train()``
 (:class:`HoldSecondIteration`, after its first iteration was reported and checkpointed), and
 :class:`KillWhenHeld` SIGKILLs the driver at the first step where seed 0's trial has finished and both running
-trials are held and the sweep's state on disk says so: the sweep then says exactly what each trial did (one finished, two with one checkpointed
+trials are held and the sweep's files on disk say so: the sweep then says exactly what each trial did (one finished, two with one checkpointed
 iteration, one never started), which the restored sweep must finish, each trial exactly once.
 
 ``python -m flowrl.testing.sweeps ADDRESS STORAGE NAME HOLD_FILE`` runs it against the Ray cluster at ``ADDRESS``
@@ -67,18 +67,19 @@ def trained(hold_file: str | Path, seed: int) -> list[dict[str, Any]]:
 
 class KillWhenHeld(tune.Callback):
     """SIGKILLs this process once a trial has finished, every running trial is held with its first iteration
-    checkpointed, and the sweep's state on disk says so. Only while the hold file exists: the restored sweep,
-    which Tune gives the same callbacks, is not killed.
+    checkpointed, and the sweep's files on disk say exactly that. Only while the hold file exists: the restored
+    sweep, which Tune gives the same callbacks, is not killed.
 
-    Tune writes its state at every step (with ``TUNE_GLOBAL_CHECKPOINT_S=0``) but copies it to the storage path in
-    the background, one copy at a time, so the file lags. Once the trials are where the kill wants them, the
-    callback waits for the file on disk to change twice: the second change comes from a copy begun after the
-    first ended, hence after the trials got there."""
+    Tune writes its state at every step (with ``TUNE_GLOBAL_CHECKPOINT_S=0``) into a staging directory and copies it
+    to the storage path in the background, one copy at a time and not atomically (a kill during a copy leaves a
+    truncated file: a first version of this test left an empty searcher state, from which ``Tuner.restore`` started
+    a new sweep). So once the trials are where the kill wants them, the callback, holding the controller (no new copy
+    starts), waits for every copy in flight (every syncer in the process) and kills only if
+    the files on disk then load and show the trials so; else the controller takes another step and copies again.
+    """
 
     def __init__(self, hold_file: str | Path) -> None:
         self.hold_file = Path(hold_file)
-        self.experiment: Path | None = None
-        self.states_seen: list[bytes] = []
 
     def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
         if not self.hold_file.exists() or not trials:
@@ -87,16 +88,50 @@ class KillWhenHeld(tune.Callback):
         finished = [t for t in trials if t.status == "TERMINATED"]
         if not (finished and len(running) == 2 and all(_checkpointed_iteration(t) == 1 for t in running)):
             return
-        state = _newest_state(Path(trials[0].storage.experiment_fs_path))
-        if not self.states_seen or state != self.states_seen[-1]:
-            self.states_seen.append(state)
-        if len(self.states_seen) >= 3:
+        for syncer in _syncers():
+            syncer.wait()
+        if _settled_state(Path(trials[0].storage.experiment_fs_path)) is not None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _newest_state(experiment: Path) -> bytes:
-    files = sorted(experiment.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime_ns)
-    return files[-1].read_bytes() if files else b""
+def _syncers() -> list[Any]:
+    """Every Ray Train/Tune background syncer in this process (the experiment's and the trials' storage each make
+    one)."""
+    import gc
+
+    from ray.train._internal.syncer import _BackgroundSyncer
+
+    return [o for o in gc.get_objects() if isinstance(o, _BackgroundSyncer)]
+
+
+def _settled_state(experiment: Path) -> dict[str, bytes] | None:
+    """The sweep's state files on disk if each loads and the newest experiment state shows one finished trial and
+    two running ones checkpointed at iteration 1, else ``None``."""
+    from ray import cloudpickle
+
+    files = {p.name: p.read_bytes() for p in experiment.iterdir() if p.is_file() and p.suffix in (".json", ".pkl")}
+    parsed = {}
+    try:
+        for name, data in files.items():  # the experiment state is JSON; the searcher's state and the tuner pickles
+            parsed[name] = json.loads(data) if name.startswith("experiment_state-") else cloudpickle.loads(data)
+    except Exception:  # a copy in progress: truncated
+        return None
+    states = sorted(name for name in parsed if name.startswith("experiment_state-"))
+    if not states or "tuner.pkl" not in files or not any(n.startswith("basic-variant-state-") for n in files):
+        return None
+    statuses = []
+    for trial, meta in parsed[states[-1]]["trial_data"]:
+        trial = json.loads(trial) if isinstance(trial, str) else trial
+        meta = json.loads(meta) if isinstance(meta, str) else meta
+        manager = meta.get("checkpoint_manager")
+        if isinstance(manager, dict) and "value" in manager:  # Tune's JSON keeps it pickled, as hex
+            manager = cloudpickle.loads(bytes.fromhex(manager["value"]))
+        latest = getattr(manager, "latest_checkpoint_result", None)
+        statuses.append((trial.get("status"), latest.metrics.get("training_iteration") if latest else None))
+    running = [iteration for status, iteration in statuses if status == "RUNNING"]
+    if not any(status == "TERMINATED" for status, _ in statuses) or running != [1, 1]:
+        return None
+    return files
 
 
 def _checkpointed_iteration(trial: Any) -> int | None:
