@@ -171,3 +171,49 @@ def test_a_cnn_policys_worker_and_learner_compute_the_same_logits() -> None:
         assert np.allclose(logits.detach().numpy(), batch[ACTION_DIST_INPUTS], atol=1e-5)
     finally:
         worker.env.close()
+
+
+class _Frames(gymnasium.Env[np.ndarray, int]):
+    """uint8 frames of 36x36x2 (the Nature CNN's smallest size), random, 20 steps an episode."""
+
+    observation_space = gymnasium.spaces.Box(0, 255, (36, 36, 2), dtype=np.uint8)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.integers(0, 256, (36, 36, 2), dtype=np.uint8), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return (self.np_random.integers(0, 256, (36, 36, 2), dtype=np.uint8), float(action), self.t >= 20, False, {})
+
+
+def _frames(ctx: EnvContext) -> gymnasium.Env[np.ndarray, int]:
+    return _Frames()
+
+
+@pytest.mark.on_ray
+def test_uint8_frames_keep_their_dtype_and_bytes_through_ray_and_replay() -> None:
+    from flowrl.testing import TinyPGPolicy
+
+    config = RolloutConfig(env=_frames, seed=0, num_envs_per_worker=1, rollout_fragment_length=20,
+                           model=ModelConfig(hidden_sizes=(8,)), num_cpus_per_worker=0)
+    remote = executor.create_actor(RolloutWorker, options={"num_cpus": 0}, policy_class=TinyPGPolicy, config=config)
+    try:
+        batch = executor.get(remote.sample.remote())
+        assert batch["obs"].dtype == np.uint8 and batch["obs"].nbytes == 20 * 36 * 36 * 2  # no float copy on the wire
+    finally:
+        executor.kill(remote)
+    dqn = get_algorithm("dqn").config_class(env=_frames, seed=0, num_workers=1, num_cpus_per_worker=0,
+                                            learning_starts=40, rollout_fragment_length=20, train_batch_size=16,
+                                            timesteps_per_iteration=40, model=ModelConfig(hidden_sizes=(8,)))
+    trainer = Trainer("dqn", dqn)
+    try:
+        trainer.train()
+        replayed = trainer.owned_state["replay_buffer"].replay()
+        rows = replayed.policy_batches["default_policy"]
+        assert rows["obs"].dtype == np.uint8 and rows["new_obs"].dtype == np.uint8
+        assert rows["obs"].nbytes == rows.count * 36 * 36 * 2
+    finally:
+        trainer.stop()
