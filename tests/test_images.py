@@ -74,18 +74,23 @@ def test_frames_keep_their_dtype_and_bytes_through_a_worker_and_ray() -> None:
     worker.env.close()
 
 
-@pytest.mark.on_ray
-def test_frames_cross_ray_in_their_dtype() -> None:
+def _sampled_on_ray(env: Any) -> Any:
+    """One 20-step batch that a remote worker (a Ray actor) sampled from ``env``, as it arrives in the driver."""
     from flowrl.testing import TinyPGPolicy
 
-    config = RolloutConfig(env=BREAKOUT, seed=0, num_envs_per_worker=1, rollout_fragment_length=20,
-                           model=ModelConfig(hidden_sizes=(16,)), num_cpus_per_worker=0)
+    config = RolloutConfig(env=env, seed=0, num_envs_per_worker=1, rollout_fragment_length=20,
+                           model=ModelConfig(hidden_sizes=(8,)), num_cpus_per_worker=0)
     remote = executor.create_actor(RolloutWorker, options={"num_cpus": 0}, policy_class=TinyPGPolicy, config=config)
     try:
-        batch = executor.get(remote.sample.remote())
-        assert batch["obs"].dtype == np.bool_ and batch["obs"].nbytes == 20 * 10 * 10 * 4
+        return executor.get(remote.sample.remote())
     finally:
         executor.kill(remote)
+
+
+@pytest.mark.on_ray
+def test_frames_cross_ray_in_their_dtype() -> None:
+    batch = _sampled_on_ray(BREAKOUT)
+    assert batch["obs"].dtype == np.bool_ and batch["obs"].nbytes == 20 * 10 * 10 * 4
 
 
 def test_replay_keeps_the_frames_dtype() -> None:
@@ -195,16 +200,8 @@ def _frames(ctx: EnvContext) -> gymnasium.Env[np.ndarray, int]:
 
 @pytest.mark.on_ray
 def test_uint8_frames_keep_their_dtype_and_bytes_through_ray_and_replay() -> None:
-    from flowrl.testing import TinyPGPolicy
-
-    config = RolloutConfig(env=_frames, seed=0, num_envs_per_worker=1, rollout_fragment_length=20,
-                           model=ModelConfig(hidden_sizes=(8,)), num_cpus_per_worker=0)
-    remote = executor.create_actor(RolloutWorker, options={"num_cpus": 0}, policy_class=TinyPGPolicy, config=config)
-    try:
-        batch = executor.get(remote.sample.remote())
-        assert batch["obs"].dtype == np.uint8 and batch["obs"].nbytes == 20 * 36 * 36 * 2  # no float copy on the wire
-    finally:
-        executor.kill(remote)
+    batch = _sampled_on_ray(_frames)
+    assert batch["obs"].dtype == np.uint8 and batch["obs"].nbytes == 20 * 36 * 36 * 2  # no float copy on the wire
     dqn = get_algorithm("dqn").config_class(env=_frames, seed=0, num_workers=1, num_cpus_per_worker=0,
                                             learning_starts=40, rollout_fragment_length=20, train_batch_size=16,
                                             timesteps_per_iteration=40, model=ModelConfig(hidden_sizes=(8,)))
