@@ -446,9 +446,9 @@ class Evaluate:
         evaluation; the references to their results."""
         ref = executor.put(self.workers.local_worker().get_weights())
         by_steps = self.unit == "timesteps"
+        remote = self.evaluation.remote_workers()
         calls = []
-        for worker, share in zip(self.evaluation.remote_workers(), _quota(self.duration,
-                                                                          len(self.evaluation.remote_workers()))):
+        for worker, share in zip(remote, _quota(self.duration, len(remote))):
             if share:
                 worker.set_weights.remote(ref)
                 calls.append(worker.apply.remote(partial(evaluate_worker, episodes=share,

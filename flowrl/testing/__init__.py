@@ -6,6 +6,9 @@
 - :mod:`flowrl.testing.runs`: a trainer over fake workers (``make_fake_trainer``), ``tb_scalars`` and
   ``wandb_offline_history`` (what a run logged to TensorBoard and to offline W&B).
 - :mod:`flowrl.testing.network`: ``keep_traffic_on_loopback`` (tests and benchmarks: no request leaves the machine).
+- :mod:`flowrl.testing.sweeps`: a Ray Tune sweep killed part-way at a known point (tests of ``Tuner.restore``).
+- :mod:`flowrl.testing.envpool_stub`: a stand-in for EnvPool's API (tests of ``vector_backend="envpool"`` where
+  EnvPool, an optional extra, is not installed).
 - ``TinyPGPolicy``: a small torch policy for tests and examples (REINFORCE, :class:`flowrl.algorithms.pg.PGPolicy`),
   loaded on first use so that importing this package stays free of torch.
 
