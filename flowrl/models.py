@@ -111,8 +111,18 @@ def _encoder(obs_space: gym.spaces.Box, config: ModelConfig) -> tuple[nn.Module,
                              f"gymnasium.wrappers.TransformObservation with np.moveaxis(obs, 0, -1) and a "
                              f"({shape[1]}, {shape[2]}, {shape[0]}) Box)")
         filters = config.conv_filters if config.conv_filters is not None else default_conv_filters(shape)
+        if not filters and min(shape[0], shape[1]) >= NATURE_CNN_MIN_SIZE:
+            raise ValueError(f"model.conv_filters=() would flatten the {shape[0]}x{shape[1]}x{shape[2]} frames "
+                             f"({int(np.prod(shape))} inputs) straight into the fully connected layers; leave "
+                             f"model.conv_filters unset (None: the Nature CNN for frames this size) or give conv "
+                             f"layers such as [[32,8,4],[64,4,2],[64,3,1]]")
         conv = _ConvEncoder(shape, filters, nn.ReLU, _pixel_scale(obs_space))
         return conv, conv.out_size
+    if len(shape) == 2 and obs_space.dtype == np.uint8 and min(shape) >= NATURE_CNN_MIN_SIZE:
+        raise ValueError(f"observation shape {shape} (uint8) looks like grey frames without a channel axis, which "
+                         f"would go flat into the fully connected layers; give the frames a last axis of channels "
+                         f"(e.g. AtariPreprocessing(grayscale_newaxis=True), or a frame stack moved last) so the "
+                         f"CNN reads them")
     return nn.Flatten(), int(np.prod(shape))
 
 

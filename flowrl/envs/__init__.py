@@ -9,6 +9,9 @@
   and :class:`MultiAgentVectorEnv` the vector of multi-agent envs.
 - :class:`StatelessCartPole` (gymnasium id ``flowrl/StatelessCartPole-v1``) is CartPole with the velocities
   hidden, the standard test of a policy's memory.
+- Atari ids (``"ALE/Pong-v5"``) come with the papers' preprocessing (:mod:`flowrl.envs.atari`: 84x84 grey
+  frames, frame skip and stack, a lost life ends the learning episode but not the game's statistics, marked by
+  :data:`GAME_CONTINUES`); MinAtar ids (``"MinAtar/Breakout-v1"``, :mod:`flowrl.envs.minatar`) work as they are.
 - :class:`PettingZooEnv` adapts a PettingZoo ``ParallelEnv`` to that protocol; PettingZoo is optional
   (``pip install "flowrl[pettingzoo]"``) and imported only when an env is wrapped.
 
@@ -24,14 +27,14 @@ Examples:
 
 from __future__ import annotations
 
-from flowrl.envs.base import EnvContext, EnvSpec, EpisodeRecord, derive_seed, make_env
+from flowrl.envs.base import GAME_CONTINUES, EnvContext, EnvSpec, EpisodeRecord, derive_seed, make_env
 from flowrl.envs.memory import STATELESS_CARTPOLE, StatelessCartPole
 from flowrl.envs.multi_agent import (MultiAgentCartPole, MultiAgentEnv, MultiAgentStep, MultiAgentVectorEnv,
                                      MultiAgentVectorStep, PolicyMapping, make_policy_mapping)
 from flowrl.envs.pettingzoo import PettingZooEnv
 from flowrl.envs.vector import AUTO_NATIVE_MIN_ENVS, SupportedSpace, VectorEnv, VectorStep
 
-__all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "derive_seed", "make_env",
+__all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "GAME_CONTINUES", "derive_seed", "make_env",
            "VectorEnv", "VectorStep", "SupportedSpace", "AUTO_NATIVE_MIN_ENVS",
            "MultiAgentEnv", "MultiAgentCartPole", "MultiAgentVectorEnv", "MultiAgentStep", "MultiAgentVectorStep",
            "PolicyMapping", "make_policy_mapping", "PettingZooEnv", "StatelessCartPole", "STATELESS_CARTPOLE"]

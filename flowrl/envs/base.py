@@ -28,7 +28,7 @@ from flowrl.validation import bounded, check_bounds, check_int
 if TYPE_CHECKING:
     from flowrl.envs.multi_agent import MultiAgentEnv
 
-__all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "make_env", "derive_seed", "check_seed"]
+__all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "GAME_CONTINUES", "make_env", "derive_seed", "check_seed"]
 
 
 def check_seed(seed: object, name: str = "seed") -> int | None:
@@ -82,6 +82,13 @@ class EnvContext:
                             f"pass a dict such as {{'max_episode_steps': 100}}")
         # A private copy, so a caller mutating its dict later cannot change a built env's context.
         object.__setattr__(self, "config", dict(self.config))
+
+
+#: The info key by which an env says that the episode it just ended (terminated or truncated, for learning) goes
+#: on, for its statistics, after the next reset: a :class:`flowrl.envs.VectorEnv` then keeps its return, length and
+#: callbacks' episode running until an end without it. :class:`flowrl.envs.atari.LifeLoss` sets it on a lost life
+#: that does not end the game, so the statistics report game scores.
+GAME_CONTINUES = "game_continues"
 
 
 EnvSpec = Union[str, Callable[[EnvContext], "gymnasium.Env[Any, Any]"], Callable[[EnvContext], "MultiAgentEnv"]]
@@ -188,7 +195,8 @@ def _rejected_keyword(env: object, ctx: EnvContext, err: TypeError) -> ValueErro
 
 
 def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
-    """Builds one env: ``gymnasium.make(env, **ctx.config)`` for an id, ``env(ctx)`` for a callable.
+    """Builds one env: ``gymnasium.make(env, **ctx.config)`` for an id, ``env(ctx)`` for a callable; an id of the
+    ``ALE`` namespace comes with the standard Atari preprocessing (:mod:`flowrl.envs.atari`).
 
     Args:
         env: a gymnasium id or a callable ``EnvContext -> gymnasium.Env``.
@@ -220,6 +228,10 @@ def make_env(env: EnvSpec, ctx: EnvContext) -> gymnasium.Env[Any, Any]:
     if isinstance(env, str):
         name = _check_registered(env)
         try:
+            if name.startswith("ALE/"):  # Atari: the papers' preprocessing (flowrl.envs.atari)
+                from flowrl.envs.atari import make_atari
+
+                return make_atari(name, ctx)
             return gymnasium.make(name, **ctx.config)
         except gymnasium.error.DependencyNotInstalled as err:
             raise _missing_dependency(env, err) from err

@@ -35,7 +35,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from flowrl.envs._state import MAX_REPLAY_STEPS, EpisodeRecorder, rng_state, set_rng_state
-from flowrl.envs.base import EnvContext, EnvSpec, EpisodeRecord, check_seed, derive_seed, make_env
+from flowrl.envs.base import GAME_CONTINUES, EnvContext, EnvSpec, EpisodeRecord, check_seed, derive_seed, make_env
 from flowrl.validation import check_int
 
 __all__ = ["VectorEnv", "VectorStep", "SupportedSpace", "Backend", "AUTO_NATIVE_MIN_ENVS", "MAX_REPLAY_STEPS"]
@@ -123,7 +123,9 @@ class VectorStep:
 
 
 _StepArrays = tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[np.float32], npt.NDArray[np.bool_],
-                    npt.NDArray[np.bool_]]
+                    npt.NDArray[np.bool_], "list[int]"]
+"""obs, final_obs, rewards, terminateds, truncateds, and the envs whose ended episode goes on for its statistics
+(``info["game_continues"]``, :data:`flowrl.envs.base.GAME_CONTINUES`)."""
 
 
 class _Impl(Protocol):
@@ -209,17 +211,20 @@ class _LoopImpl(_PerEnvState):
         final = np.empty(self._obs_shape, self._obs_dtype)
         obs = np.empty(self._obs_shape, self._obs_dtype)
         rewards, terminateds, truncateds = [], [], []
+        continues: list[int] = []
         for i, env in enumerate(self.envs):
-            o, r, te, tr, _ = env.step(acts[i])
+            o, r, te, tr, info = env.step(acts[i])
             final[i] = o
             rewards.append(float(r))
             terminateds.append(bool(te))
             truncateds.append(bool(tr))
             if te or tr:
+                if info.get(GAME_CONTINUES):
+                    continues.append(i)
                 o, _ = env.reset()
             obs[i] = o
         return (obs, final, np.array(rewards, dtype=np.float32), np.array(terminateds, dtype=np.bool_),
-                np.array(truncateds, dtype=np.bool_))
+                np.array(truncateds, dtype=np.bool_), continues)
 
     def close(self) -> None:
         for env in self.envs:
@@ -254,11 +259,16 @@ class _SyncImpl(_PerEnvState):
         obs = np.array(obs_buffer)  # copy=False above: the next step reuses the buffer
         final = obs.copy()
         done = terminateds | truncateds
+        continues: list[int] = []
         if done.any():
             final_obs = infos["final_obs"]
             for i in np.flatnonzero(done):
                 final[i] = final_obs[i]
-        return obs, final, rewards.astype(np.float32), terminateds, truncateds
+            final_info = infos.get("final_info", {})
+            if GAME_CONTINUES in final_info:
+                continues = np.flatnonzero(done & final_info[f"_{GAME_CONTINUES}"]
+                                           & final_info[GAME_CONTINUES].astype(bool)).tolist()
+        return obs, final, rewards.astype(np.float32), terminateds, truncateds, continues
 
     def close(self) -> None:
         self.vec.close()
@@ -330,7 +340,7 @@ class _NativeCartPoleImpl:
             sim.steps[done] = 0
             sim.prev_done[:] = False
             obs[done] = sim.state[:, done].T
-        return obs, final, rewards.astype(np.float32, copy=False), terminateds, truncateds
+        return obs, final, rewards.astype(np.float32, copy=False), terminateds, truncateds, []
 
     def get_state(self) -> Any:
         sim = self._sim
@@ -422,7 +432,7 @@ class _EnvPoolImpl:
             reset_obs, _, _, _, reset_info = self.vec.step(ignored, env_id=done.astype(np.int32))
             obs[np.asarray(reset_info["env_id"])] = reset_obs
         return (obs, final, np.asarray(rewards, dtype=np.float32), np.asarray(terminateds, dtype=np.bool_),
-                np.asarray(truncateds, dtype=np.bool_))
+                np.asarray(truncateds, dtype=np.bool_), [])
 
     def get_state(self) -> Any:
         return {"note": self.cannot_replay}
@@ -622,11 +632,13 @@ class VectorEnv:
                 raise ValueError(f"actions {acts.tolist()} fall outside {self.action_space} (valid: {low}..{high - 1})")
         else:
             acts = acts.astype(self.action_space.dtype, copy=False)
-        obs, final, rewards, terminateds, truncateds = self._impl.step(acts)
+        obs, final, rewards, terminateds, truncateds, continues = self._impl.step(acts)
         self._returns += rewards
         self._lengths += 1
         episodes: list[EpisodeRecord] = []
         ended = np.flatnonzero(terminateds | truncateds).tolist()
+        if continues:  # a lost life: the learning episode ended, the game (and its statistics) goes on
+            ended = [i for i in ended if i not in continues]
         if ended:
             for i in ended:
                 episodes.append(EpisodeRecord(env_index=i, episode_return=float(self._returns[i]),
