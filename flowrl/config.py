@@ -309,6 +309,12 @@ class RolloutConfig(PolicyConfig):
             reads as the previous reward), while the episode statistics (``episode_reward_mean``, evaluation) keep
             the env's own rewards: ``clip_rewards=1.0`` is the Atari clipping of Mnih et al. 2015 with the game
             score still reported.
+        compress_observations: LZ4 compression of image columns (``uint8``/``bool`` frames of at least 1 KiB a row,
+            such as Atari's 84x84x4 stacks; :mod:`flowrl.compression`), exact and reversed where they are read.
+            ``None`` (the default): replay buffers keep them compressed (a Pong stack shrinks about 40x), while
+            sampled batches cross Ray as they are (on one machine Ray's shared memory moves them for less than
+            LZ4 costs; ``benchmarks/atari.py`` measures both ways). ``True``: the rollout workers' batches cross
+            Ray compressed too (for clusters, where they cross a network); ``False``: nothing is compressed.
         callbacks: user hooks (:mod:`flowrl.callbacks`): a :class:`~flowrl.callbacks.Callbacks` subclass or its
             import path ``"package.module:ClassName"`` (the path is what a checkpoint keeps and what
             ``--config callbacks=...`` takes). Each worker and the trainer make their own instance. ``None``:
@@ -334,11 +340,15 @@ class RolloutConfig(PolicyConfig):
     flush_denormal: bool = True
     executor: Literal["ray", "local"] = "ray"
     clip_rewards: float | None = bounded(None, gt=0, meaning="clip the batches' rewards to [-c, c]; None keeps them")
+    compress_observations: bool | None = None
     callbacks: str | type[Callbacks] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         resolve_callbacks(self.callbacks)
+        if self.compress_observations not in (None, True, False):
+            raise ValueError(f"compress_observations={self.compress_observations!r} must be None (replay "
+                             f"compressed, batches not), True (both) or False (neither)")
         if self.executor not in ("ray", "local"):
             raise ValueError(f"executor={self.executor!r}; use 'ray' (remote workers are Ray actors) or 'local' "
                              f"(every actor runs in this process, for debugging and deterministic runs)")

@@ -115,6 +115,8 @@ class LocalReplayBuffer:
             multi-agent time slices, sampled uniformly: alpha and beta do not apply).
         replay_sequence_length: timesteps per stored item; 1 stores timestep rows.
         seed: seeds the generator from which every sub-buffer's generator is drawn.
+        compress: keep the image columns of stored timestep rows LZ4-compressed (:mod:`flowrl.compression`):
+            about 40x less memory for Atari frame stacks, a few microseconds a row to store and to draw.
 
     Attributes:
         learning_starts: this shard's share, ``learning_starts // num_shards``.
@@ -142,7 +144,7 @@ class LocalReplayBuffer:
                  replay_batch_size: int = 1, prioritized_replay_alpha: float = 0.6,
                  prioritized_replay_beta: float = 0.4, prioritized_replay_eps: float = 1e-6,
                  replay_mode: Literal["independent", "lockstep"] = "independent",
-                 replay_sequence_length: int = 1, seed: int | None = None) -> None:
+                 replay_sequence_length: int = 1, seed: int | None = None, compress: bool = False) -> None:
         check_int("num_shards", num_shards, 1, "shards sharing learning_starts and capacity")
         check_int("learning_starts", learning_starts, 0, "env steps stored before replays start")
         check_int("capacity", capacity, 1, "timesteps held over all shards")
@@ -166,6 +168,9 @@ class LocalReplayBuffer:
         self.replay_mode = replay_mode
         check_int("replay_sequence_length", replay_sequence_length, 1, "timesteps per stored item")
         self.replay_sequence_length = int(replay_sequence_length)
+        if not isinstance(compress, bool):
+            raise ValueError(f"compress={compress!r} must be True or False (LZ4 for stored image columns)")
+        self.compress = compress
         self.learning_starts = learning_starts // self.num_shards
         self.capacity = capacity // self.num_shards
         self._rng = np.random.default_rng(check_seed(seed))
@@ -200,9 +205,9 @@ class LocalReplayBuffer:
         if buffer is None:
             if self.prioritized:
                 buffer = PrioritizedReplayBuffer(self.capacity, self.prioritized_replay_alpha,
-                                                 seed=self._child_seed())
+                                                 seed=self._child_seed(), compress=self.compress)
             else:
-                buffer = ReplayBuffer(self.capacity, seed=self._child_seed())
+                buffer = ReplayBuffer(self.capacity, seed=self._child_seed(), compress=self.compress)
             self.replay_buffers[policy_id] = buffer
         return buffer
 
@@ -402,9 +407,10 @@ class LocalReplayBuffer:
                     lockstep = ReplayBuffer(self.capacity)
                     lockstep.set_state(buffer_state)
                 else:
-                    buffer: ReplayBuffer[SampleBatch] = ReplayBuffer(self.capacity)
+                    buffer: ReplayBuffer[SampleBatch] = ReplayBuffer(self.capacity, compress=self.compress)
                     if self.prioritized:
-                        buffer = PrioritizedReplayBuffer(self.capacity, self.prioritized_replay_alpha)
+                        buffer = PrioritizedReplayBuffer(self.capacity, self.prioritized_replay_alpha,
+                                                         compress=self.compress)
                     buffer.set_state(buffer_state)
                     buffers[str(policy_id)] = buffer
             num_added = int(state["num_added"])

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from flowrl.compression import PackedRows, is_image_column
 from flowrl.sample_batch import SampleBatch
 
 __all__ = ["RowStore", "row_store_of"]
@@ -35,13 +36,17 @@ class RowStore:
     one-step replay buffer of DQN, DDPG, TD3 or SAC holds: a 256-row replay is ~20x cheaper). It stands in for the
     buffer's list of items (``append``, ``[i] = item``, ``[i]``, ``len``, iteration: a fresh one-row copy per
     item), and :meth:`fits` says whether an item can go in; the buffer turns it into that list otherwise.
-    The arrays grow by doubling up to ``capacity`` rows.
+    The arrays grow by doubling up to ``capacity`` rows. With ``compress``, image columns
+    (:func:`flowrl.compression.is_image_column`: Atari frame stacks) are kept as one LZ4 block per row
+    (:class:`~flowrl.compression.PackedRows`) and decompressed as they are drawn.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, compress: bool = False) -> None:
         self.capacity = capacity
-        self.columns: dict[str, np.ndarray] = {}
+        self.compress = compress
+        self.columns: dict[str, Any] = {}  # name -> np.ndarray, or PackedRows for a compressed image column
         self.size = 0
+        self._allocated = 0  # rows of the arrays
 
     def fits(self, item: Any) -> bool:
         """Whether ``item`` is a one-row SampleBatch of this store's columns (any, while it is empty)."""
@@ -59,17 +64,30 @@ class RowStore:
 
     def _reserve(self, rows: int) -> None:
         columns = self.columns
-        have = len(next(iter(columns.values())))
+        have = self._allocated
         if rows > have:
-            grown = max(rows, min(self.capacity, 2 * have))
+            grown = self._allocated = max(rows, min(self.capacity, 2 * have))
             for key, column in columns.items():
+                if isinstance(column, PackedRows):  # holds capacity rows from the start
+                    continue
                 bigger = np.empty((grown, *column.shape[1:]), column.dtype)
                 bigger[:self.size] = column[:self.size]
                 columns[key] = bigger
 
+    def _new_column(self, value: np.ndarray, rows: int) -> Any:
+        if self.compress and is_image_column(value):
+            return PackedRows(self.capacity, value.shape[1:], value.dtype)
+        return np.empty((rows, *value.shape[1:]), value.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the stored rows take (compressed ones as compressed)."""
+        return sum(c.nbytes if isinstance(c, PackedRows) else c[:self.size].nbytes for c in self.columns.values())
+
     def __setitem__(self, index: int, item: SampleBatch) -> None:
         if not self.columns:
-            self.columns = {k: np.empty((min(self.capacity, 1024), *v.shape[1:]), v.dtype) for k, v in item.items()}
+            self._allocated = min(self.capacity, 1024)
+            self.columns = {k: self._new_column(v, self._allocated) for k, v in item.items()}
         self._reserve(index + 1)
         columns = self.columns
         for key, value in dict.items(item):
@@ -86,14 +104,16 @@ class RowStore:
         if not -self.size <= index < self.size:
             raise IndexError(f"item {index} of {self.size}")
         index %= self.size
-        return SampleBatch._of_checked({k: v[index:index + 1].copy() for k, v in self.columns.items()})
+        return SampleBatch._of_checked({k: v.take(range(index, index + 1)) if isinstance(v, PackedRows)
+                                        else v[index:index + 1].copy() for k, v in self.columns.items()})
 
     def __iter__(self) -> Iterator[SampleBatch]:
         return (self[i] for i in range(self.size))
 
     def take(self, indexes: npt.NDArray[np.int64]) -> SampleBatch:
         """The items at ``indexes`` joined, as joining their one-row batches gives them."""
-        return SampleBatch._of_checked({k: v[indexes] for k, v in self.columns.items()})
+        return SampleBatch._of_checked({k: v.take(indexes) if isinstance(v, PackedRows) else v[indexes]
+                                        for k, v in self.columns.items()})
 
     def encoded(self) -> dict[str, Any]:
         """The items' plain-data state in ``flowrl.replay_storage``'s layout, from the columns (one layout)."""
@@ -102,13 +122,14 @@ class RowStore:
                 raise ValueError(f"stored column {key!r} holds Python objects (dtype {column.dtype}), which a "
                                  f"plain-data state cannot carry; drop or convert that column before storing batches")
         n = self.size
-        layouts = [{"lengths": np.ones(n, np.int64), "columns": {k: v[:n].copy() for k, v in self.columns.items()}}]
+        columns = {k: v.take(range(n)) if isinstance(v, PackedRows) else v[:n].copy() for k, v in self.columns.items()}
+        layouts = [{"lengths": np.ones(n, np.int64), "columns": columns}]
         return {"kind": "SampleBatch", "batches": {"layout_of": np.zeros(n, np.int64), "layouts": layouts if n else []}}
 
 
-def row_store_of(items: Sequence[Any], capacity: int) -> RowStore | None:
+def row_store_of(items: Sequence[Any], capacity: int, compress: bool = False) -> RowStore | None:
     """A :class:`RowStore` holding ``items`` (in order), or ``None`` if one does not fit."""
-    store = RowStore(capacity)
+    store = RowStore(capacity, compress)
     for item in items:
         if not store.fits(item):
             return None

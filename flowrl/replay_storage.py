@@ -187,6 +187,8 @@ class ReplayBuffer(Generic[BatchT]):
     Args:
         capacity: timesteps to hold before the write index wraps; an int >= 1.
         seed: seeds the buffer's own ``numpy.random.Generator`` (``None``: fresh entropy).
+        compress: keep image columns of one-row items (Atari frame stacks) LZ4-compressed, one block per row
+            (:mod:`flowrl.compression`); items of several rows are kept as they are.
 
     Attributes:
         capacity: as given.
@@ -208,12 +210,13 @@ class ReplayBuffer(Generic[BatchT]):
         [2, 3, 4, 5]
     """
 
-    def __init__(self, capacity: int, seed: int | None = None) -> None:
+    def __init__(self, capacity: int, seed: int | None = None, compress: bool = False) -> None:
         check_int("capacity", capacity, 1, "timesteps held before the write index wraps")
         self.capacity = int(capacity)
+        self.compress = bool(compress)
         self._rng = np.random.default_rng(check_seed(seed))
         # the items: columns while every one is a one-row SampleBatch of the same columns, else a list
-        self._storage: list[BatchT] | RowStore = RowStore(self.capacity)
+        self._storage: list[BatchT] | RowStore = RowStore(self.capacity, self.compress)
         self._item_type: type | None = None
         self._next_idx = 0
         self._timesteps_since_wrap = 0
@@ -305,7 +308,9 @@ class ReplayBuffer(Generic[BatchT]):
                                  "num_sampled": self.num_sampled, "num_evicted": self.num_evicted}
         if debug:
             stats["timesteps_stored"] = sum(item.count for item in self._storage)
-            stats["est_size_bytes"] = sum(_nbytes(item) for item in self._storage)
+            storage = self._storage
+            stats["est_size_bytes"] = (storage.nbytes if isinstance(storage, RowStore)
+                                       else sum(_nbytes(item) for item in storage))
         return stats
 
     def get_state(self) -> dict[str, Any]:
@@ -338,7 +343,7 @@ class ReplayBuffer(Generic[BatchT]):
             raise ValueError(f"replay buffer state has inconsistent counters {counters} for {len(items)} items")
         rng = restored_rng(state["rng"])
         # BatchT is not known at run time; _decode_items gives items of one kind, as add() keeps them.
-        self._storage = row_store_of(items, self.capacity) or items  # type: ignore[assignment]
+        self._storage = row_store_of(items, self.capacity, self.compress) or items  # type: ignore[assignment]
         self._item_type = type(items[0]) if items else None
         self._next_idx, self._timesteps_since_wrap = counters["next_idx"], counters["timesteps_since_wrap"]
         self.num_added, self.num_timesteps_added = counters["num_added"], counters["num_timesteps_added"]
@@ -386,8 +391,8 @@ class PrioritizedReplayBuffer(ReplayBuffer[SampleBatch]):
         8.0
     """
 
-    def __init__(self, capacity: int, alpha: float, seed: int | None = None) -> None:
-        super().__init__(capacity, seed)
+    def __init__(self, capacity: int, alpha: float, seed: int | None = None, compress: bool = False) -> None:
+        super().__init__(capacity, seed, compress)
         check_number("alpha", alpha, gt=0, lt=math.inf,
                      meaning="how strongly priorities shape sampling; ReplayBuffer samples uniformly")
         self.alpha = float(alpha)

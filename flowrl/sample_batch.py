@@ -121,6 +121,23 @@ def _unpack_columns(cls: type[SampleBatch], names: tuple[str, ...], dtypes: tupl
     return cls._of_checked(columns)
 
 
+def _compressed_reduce(batch: SampleBatch, state: dict[str, Any]) -> tuple[Any, ...]:
+    from flowrl.compression import WIRE_ATTRIBUTE, is_image_column, pack_column
+
+    plain = {k: v for k, v in batch.items() if not is_image_column(v)}
+    packed = {k: pack_column(v) for k, v in batch.items() if k not in plain}
+    rest = {k: v for k, v in state.items() if k != WIRE_ATTRIBUTE} or None
+    return _uncompressed, (type(batch), list(batch), plain, packed), rest
+
+
+def _uncompressed(cls: type[SampleBatch], order: list[str], plain: dict[str, np.ndarray],
+                  packed: dict[str, tuple[str, tuple[int, ...], bytes]]) -> SampleBatch:
+    """The batch :func:`_compressed_reduce` sent, its columns in their order."""
+    from flowrl.compression import unpack_column
+
+    return cls._of_checked({k: plain[k] if k in plain else unpack_column(*packed[k]) for k in order})
+
+
 class SampleBatch(dict[str, np.ndarray]):
     """A dict of equal-length numpy columns.
 
@@ -228,9 +245,13 @@ class SampleBatch(dict[str, np.ndarray]):
         """Pickles a small batch as one buffer (:func:`_pack_columns`): a Ray call returning a 50-row fragment
         costs ~0.2 ms less CPU (both ends together, Ray 2.60) than with numpy's per-array out-of-band buffers.
         A batch over :data:`PACK_MAX_BYTES`, or with object or structured columns, pickles its columns one by
-        one as before (zero-copy through Ray's object store). The class and any instance attributes travel."""
-        packed = _pack_columns(self)
+        one as before (zero-copy through Ray's object store). The class and any instance attributes travel. A batch
+        marked by :func:`flowrl.compression.mark_for_wire` sends its image columns LZ4-compressed (unmarked on
+        arrival)."""
         state = self.__dict__ or None  # attributes a subclass or a caller set travel too
+        if state is not None and "_lz4_on_wire" in state:  # flowrl.compression.mark_for_wire
+            return _compressed_reduce(self, state)
+        packed = _pack_columns(self)
         if packed is None:
             return type(self)._of_checked, (dict(self),), state
         return _unpack_columns, (type(self), *packed), state

@@ -28,6 +28,7 @@ import torch
 from flowrl import executor, runtime
 from flowrl.callbacks import Callbacks, EpisodeTracker, add_learner_stats, before_learning, make_callbacks
 from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
+from flowrl.compression import mark_for_wire
 from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
                          make_policy_mapping)
@@ -378,6 +379,8 @@ class RolloutWorker(ParallelIteratorWorker):
             for pid, part in batch.as_multi_agent().policy_batches.items():
                 part[WEIGHTS_VERSION] = np.full(part.count, self.policy_map[pid].weights_version, np.int64)
         self.callbacks.on_sample_end(worker=self, samples=batch)
+        if self.config.compress_observations:  # image columns cross Ray LZ4-compressed
+            mark_for_wire(batch)
         return batch
 
     def _sample_single_agent(self) -> SampleBatch:

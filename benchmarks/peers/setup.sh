@@ -13,8 +13,8 @@ venv="$here/.venv"
 "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check)
 "${pip[@]}" torch==2.13.0  # first, pinned: the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
-"${pip[@]}" "ray[rllib]==$ray_version" stable-baselines3 sb3-contrib  # pip picks the gymnasium all accept
+"${pip[@]}" "ray[rllib]==$ray_version" stable-baselines3 sb3-contrib ale-py opencv-python-headless  # pip picks the gymnasium all accept (ale-py and OpenCV: RLlib's Atari runs)
 "$venv/bin/python" - <<'PY'
 from importlib.metadata import version
-print(" ".join(f"{p}=={version(p)}" for p in ("torch", "ray", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy")))
+print(" ".join(f"{p}=={version(p)}" for p in ("torch", "ray", "stable-baselines3", "sb3-contrib", "gymnasium", "numpy", "ale-py")))
 PY

@@ -297,7 +297,8 @@ def make_replay_shards(config: ApexSettings) -> ReplayShards:
         learning_starts=config.learning_starts, capacity=config.buffer_size, replay_batch_size=config.train_batch_size,
         prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
         prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
-        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed)
+        replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed,
+        compress=config.compress_observations is not False)
     return ReplayShards(start(), start=lambda indices: start(shard_indices=indices),
                         capacity=config.buffer_size // config.num_replay_buffer_shards)
 
