@@ -34,6 +34,10 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
 - ``ppo_lstm``: PPO with an LSTM on CartPole without velocities at the stateless-CartPole preset's settings: flowrl
   (``ppo_lstm.py``) beside Stable-Baselines3-contrib's RecurrentPPO and RLlib's PPO with ``use_lstm`` (their
   docstrings map each setting). Gives ``ppo_lstm_vs_rllib`` and ``ppo_lstm_vs_sb3`` (medians of env steps/s).
+- ``atari`` (not in ``all``: about 12 minutes): Atari frames per second (``benchmarks/atari.py``): flowrl's IMPALA
+  and APPO Pong presets against the raw emulator on the same 2 cores and, when the peers' virtualenv exists,
+  against RLlib's APPO and IMPALA at the same sizes (``peers/rllib_atari.py``); object-store and replay bytes per
+  frame with and without LZ4; where a step's CPU time goes and the frames/s ceiling it sets.
 - ``sac_lunar`` (not in ``all``): flowrl SAC on LunarLanderContinuous-v3, env steps and seconds to a smoothed
   return of 200 (``sac_pendulum.py --env LunarLanderContinuous-v3``); skipped, saying how to install it, without
   gymnasium's box2d extra.
@@ -151,9 +155,9 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo_lstm": ("ppo_lstm_cartpole", "sb3_recurrent_ppo", "rllib_ppo_lstm"),
     **{name: (name,) for name in SYSTEMS}}
 SCRIPTS = ("rollout_overhead", "sampling", "recurrent_sampling", "throughput", "time_to_solve", "scaling", "loc",
-           "segment_tree", "iter_overhead")
-# the microbenchmarks segment_tree and iter_overhead, and the long sac_lunar, run by name only
-ALL = (*SCRIPTS[:-2], "ppo", "dqn", "sac", "ppo_lstm")
+           "atari", "segment_tree", "iter_overhead")
+# the long atari and sac_lunar, and the microbenchmarks segment_tree and iter_overhead, run by name only
+ALL = (*SCRIPTS[:-3], "ppo", "dqn", "sac", "ppo_lstm")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
 
 

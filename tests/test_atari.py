@@ -86,6 +86,7 @@ def test_life_loss_is_marked_and_the_next_reset_goes_on_with_the_same_game() -> 
     ({"screen_size": 84.0}, "screen_size=84.0 must be an int >= 8"),
     ({"grayscale": "yes"}, "grayscale='yes' must be true or false"),
     ({"frameskip": 4}, "frameskip=4 would skip frames twice"),
+    ({"obs_type": "ram"}, "obs_type='ram' is set by the preprocessing"),
 ])
 def test_a_bad_preprocessing_key_names_itself(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -147,3 +148,27 @@ def test_a_model_that_does_not_fit_the_frames_fails_when_the_trainer_is_built(
         return
     with pytest.raises(ValueError, match=message):
         Trainer("ppo", config)
+
+
+def test_the_nature_cnn_policys_worker_and_learner_compute_the_same_logits_on_pong_frames() -> None:
+    import dataclasses
+
+    import torch
+
+    from flowrl.algorithms.impala import IMPALAPolicy
+    from flowrl.sample_batch import ACTION_DIST_INPUTS
+    from flowrl.workers import RolloutWorker
+
+    config = get_algorithm("impala").config_class(env=PONG, seed=0, num_workers=0, num_envs_per_worker=2,
+                                                  rollout_fragment_length=10, model=ModelConfig(hidden_sizes=(32,)))
+    worker = RolloutWorker(policy_class=IMPALAPolicy, config=config)
+    try:
+        learner = IMPALAPolicy(worker.env.observation_space, worker.env.action_space,
+                               dataclasses.replace(config, seed=7))
+        worker.set_weights({"default_policy": learner.get_weights()})  # as a broadcast sends them
+        batch = worker.sample()
+        assert batch["obs"].dtype == np.uint8
+        logits, _ = learner.model(torch.as_tensor(batch["obs"]))
+        assert np.allclose(logits.detach().numpy(), batch[ACTION_DIST_INPUTS], atol=1e-5)
+    finally:
+        worker.env.close()

@@ -421,6 +421,7 @@ def test_mix_in_replay_proportion_zero_and_two() -> None:
     op = MixInReplay(num_slots=4, replay_proportion=0, seed=0)
     b = fake_batch(2)
     assert op(b) == [b] and op(b)[0] is b
+    assert len(op.buffer) == 0  # never replayed, so never stored (copies of image batches add up to gigabytes)
     op = MixInReplay(num_slots=4, replay_proportion=2, seed=0)
     for i in range(20):
         out = op(fake_batch(2, start=10 * i))
