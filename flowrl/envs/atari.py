@@ -21,6 +21,9 @@ here, so ``env="ALE/Pong-v5"`` gives the agent what the papers' agents see:
   replay keep as they are and the model scales on the learner (the Nature CNN,
   :func:`flowrl.models.default_conv_filters`).
 
+A worker restored from a checkpoint starts its games anew, with a warning: the emulator and its sticky-action
+generator live in C++, outside what flowrl's env states replay (``ale.cloneState`` could hold them; not used yet).
+
 Reward clipping is the rollout config's ``clip_rewards=1.0`` (batches clipped, statistics raw). The env config
 takes the preprocessing keys above next to ``gymnasium.make``'s (``repeat_action_probability``, ``mode``,
 ``difficulty``, ``full_action_space``, ``max_episode_steps``); ``preprocess=False`` gives the bare emulator.
