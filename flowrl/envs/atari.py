@@ -21,8 +21,10 @@ here, so ``env="ALE/Pong-v5"`` gives the agent what the papers' agents see:
   replay keep as they are and the model scales on the learner (the Nature CNN,
   :func:`flowrl.models.default_conv_filters`).
 
-A worker restored from a checkpoint starts its games anew, with a warning: the emulator and its sticky-action
-generator live in C++, outside what flowrl's env states replay (``ale.cloneState`` could hold them; not used yet).
+A worker restored from a checkpoint replays its envs' episodes exactly only while each is on the stretch that began
+with its first, seeded reset; after a later reset (a new game, or play resumed after a lost life) the emulator and
+its sticky-action generator are C++ state that the replay cannot recreate, so those envs start new episodes, with a
+warning (``ale.cloneState`` could hold that state; not used yet).
 
 Reward clipping is the rollout config's ``clip_rewards=1.0`` (batches clipped, statistics raw). The env config
 takes the preprocessing keys above next to ``gymnasium.make``'s (``repeat_action_probability``, ``mode``,
