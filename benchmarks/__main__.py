@@ -38,6 +38,9 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
   and APPO Pong presets against the raw emulator on the same 2 cores and, when the peers' virtualenv exists,
   against RLlib's APPO and IMPALA at the same sizes (``peers/rllib_atari.py``); object-store and replay bytes per
   frame with and without LZ4; where a step's CPU time goes and the frames/s ceiling it sets.
+- ``atari_learning`` (not in ``all``: about 15 minutes; ``--quick``: a 200k-frame smoke run): PPO's Pong preset
+  trained towards a smoothed game score of -15 within 3M frames (``benchmarks/atari_learning.py``), with its
+  learning curve PNG in the run directory.
 - ``sac_lunar`` (not in ``all``): flowrl SAC on LunarLanderContinuous-v3, env steps and seconds to a smoothed
   return of 200 (``sac_pendulum.py --env LunarLanderContinuous-v3``); skipped, saying how to install it, without
   gymnasium's box2d extra.
@@ -155,9 +158,9 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo_lstm": ("ppo_lstm_cartpole", "sb3_recurrent_ppo", "rllib_ppo_lstm"),
     **{name: (name,) for name in SYSTEMS}}
 SCRIPTS = ("rollout_overhead", "sampling", "recurrent_sampling", "throughput", "time_to_solve", "scaling", "loc",
-           "atari", "segment_tree", "iter_overhead")
-# the long atari and sac_lunar, and the microbenchmarks segment_tree and iter_overhead, run by name only
-ALL = (*SCRIPTS[:-3], "ppo", "dqn", "sac", "ppo_lstm")
+           "atari", "atari_learning", "segment_tree", "iter_overhead")
+# the long atari, atari_learning and sac_lunar, and the microbenchmarks segment_tree and iter_overhead, by name only
+ALL = (*SCRIPTS[:-4], "ppo", "dqn", "sac", "ppo_lstm")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
 
 

@@ -1,5 +1,6 @@
-"""``benchmarks/atari.py``'s logic: its command line, the configs it builds from the Atari presets, and the CPU
-budget arithmetic. No timing assertions (benchmarks live in ``benchmarks/``)."""
+"""``benchmarks/atari.py``'s and ``benchmarks/atari_learning.py``'s logic: command lines, the configs built from the
+Atari presets, the CPU budget arithmetic and the reading of a run's progress. No timing assertions (benchmarks live
+in ``benchmarks/``)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,21 @@ import doctest
 
 import pytest
 
-from benchmarks import atari
+from benchmarks import atari, atari_learning
 from flowrl.presets import find_preset
 
 
-def test_doctests_pass() -> None:
-    result = doctest.testmod(atari, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+@pytest.mark.parametrize("module", [atari, atari_learning], ids=["atari", "atari_learning"])
+def test_doctests_pass(module: object) -> None:
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_learning_run_counts_frames_and_stops_at_its_target() -> None:
+    args = atari_learning.parse_args(["--algo", "impala", "--quick"])
+    assert (args.algo, args.frames, args.target, args.out) == (
+        "impala", 200_000, -15.0, "benchmarks/results/atari_learning_impala.json")
+    assert atari_learning.parse_args([]).frames == 3_000_000
 
 
 @pytest.mark.parametrize("name", ["impala", "appo"])
