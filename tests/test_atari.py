@@ -87,6 +87,7 @@ def test_life_loss_is_marked_and_the_next_reset_goes_on_with_the_same_game() -> 
     ({"grayscale": "yes"}, "grayscale='yes' must be true or false"),
     ({"frameskip": 4}, "frameskip=4 would skip frames twice"),
     ({"obs_type": "ram"}, "obs_type='ram' is set by the preprocessing"),
+    ({"preprocess": False, "frame_stack": 4}, "frame_stack shape the preprocessing, which preprocess=false turns off"),
 ])
 def test_a_bad_preprocessing_key_names_itself(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):

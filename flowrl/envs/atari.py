@@ -84,7 +84,7 @@ class LifeLoss(gymnasium.Wrapper[Any, Any, Any, Any]):
         self._game_over = True
 
     def _ale_lives(self) -> int:
-        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]  # an ALE env, checked by make_atari
+        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]  # an ALE env: make_atari built it
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -128,7 +128,11 @@ class ChannelsLast(gymnasium.ObservationWrapper[Any, Any, Any]):
 
 def _settings(env_id: str, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The preprocessing settings (defaults filled in, each checked) and the rest of the env config."""
+    given = sorted(key for key in config if key in PREPROCESSING and key != "preprocess")
     settings = {key: config.pop(key, default) for key, default in PREPROCESSING.items()}
+    if settings["preprocess"] is False and given:
+        raise ValueError(f"env {env_id!r}: env_config {', '.join(given)} shape the preprocessing, which "
+                         f"preprocess=false turns off; drop them, or keep the preprocessing")
     for key in ("preprocess", "grayscale", "terminal_on_life_loss"):
         if not isinstance(settings[key], bool):
             raise ValueError(f"env {env_id!r}: env_config {key}={settings[key]!r} must be true or false")
