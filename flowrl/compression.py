@@ -30,13 +30,13 @@ import lz4.block
 import numpy as np
 import numpy.typing as npt
 
+from flowrl.sample_batch import WIRE_ATTRIBUTE
+
 __all__ = ["MIN_ROW_BYTES", "is_image_column", "pack_column", "unpack_column", "PackedRows", "mark_for_wire",
            "WIRE_ATTRIBUTE"]
 
 #: The smallest row (in bytes) worth compressing: below it LZ4's per-call cost outweighs what it saves.
 MIN_ROW_BYTES = 1024
-#: The instance attribute by which a batch asks to cross Ray with its image columns compressed (never sent).
-WIRE_ATTRIBUTE = "_lz4_on_wire"
 _IMAGE_DTYPES = (np.dtype(np.uint8), np.dtype(np.bool_))
 
 
@@ -78,7 +78,7 @@ class PackedRows:
     Examples:
         >>> rows = PackedRows(4, (84, 84, 4), np.dtype(np.uint8))
         >>> rows[0], rows[1] = np.full((84, 84, 4), 3, np.uint8), np.zeros((84, 84, 4), np.uint8)
-        >>> rows.take(np.array([1, 0, 0]))[:, 0, 0, 0].tolist(), rows.nbytes < 1000
+        >>> rows[np.array([1, 0, 0])][:, 0, 0, 0].tolist(), rows.nbytes < 1000
         ([0, 3, 3], True)
     """
 
@@ -98,6 +98,10 @@ class PackedRows:
         old = self._rows[index]
         self.nbytes += len(data) - (len(old) if old is not None else 0)
         self._rows[index] = data
+
+    def __getitem__(self, rows: npt.NDArray[np.int64]) -> np.ndarray:
+        """The rows at an index array, as a new array (what indexing the array it stands in for gives)."""
+        return self.take(rows)
 
     def take(self, indexes: npt.NDArray[np.int64] | range) -> np.ndarray:
         """The rows at ``indexes`` as one new array ``[len(indexes), *row_shape]``."""

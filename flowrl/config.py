@@ -380,6 +380,16 @@ class RolloutConfig(PolicyConfig):
         """R: one worker's sample size, ``rollout_fragment_length x num_envs_per_worker``."""
         return self.rollout_fragment_length * self.num_envs_per_worker
 
+    @property
+    def compress_replay(self) -> bool:
+        """Whether replay buffers keep image columns LZ4-compressed: ``compress_observations`` unset or true."""
+        return self.compress_observations is not False
+
+    @property
+    def compress_batches(self) -> bool:
+        """Whether rollout workers' batches cross Ray with image columns LZ4-compressed: only when asked (true)."""
+        return self.compress_observations is True
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainerConfig(RolloutConfig):

@@ -44,7 +44,9 @@ class RowStore:
     def __init__(self, capacity: int, compress: bool = False) -> None:
         self.capacity = capacity
         self.compress = compress
-        self.columns: dict[str, Any] = {}  # name -> np.ndarray, or PackedRows for a compressed image column
+        # name -> np.ndarray, or PackedRows for a compressed image column (an index array gives a new array of
+        # either)
+        self.columns: dict[str, Any] = {}
         self.size = 0
         self._allocated = 0  # rows of the arrays
 
@@ -104,16 +106,14 @@ class RowStore:
         if not -self.size <= index < self.size:
             raise IndexError(f"item {index} of {self.size}")
         index %= self.size
-        return SampleBatch._of_checked({k: v.take(range(index, index + 1)) if isinstance(v, PackedRows)
-                                        else v[index:index + 1].copy() for k, v in self.columns.items()})
+        return self.take(np.arange(index, index + 1))
 
     def __iter__(self) -> Iterator[SampleBatch]:
         return (self[i] for i in range(self.size))
 
     def take(self, indexes: npt.NDArray[np.int64]) -> SampleBatch:
         """The items at ``indexes`` joined, as joining their one-row batches gives them."""
-        return SampleBatch._of_checked({k: v.take(indexes) if isinstance(v, PackedRows) else v[indexes]
-                                        for k, v in self.columns.items()})
+        return SampleBatch._of_checked({k: v[indexes] for k, v in self.columns.items()})
 
     def encoded(self) -> dict[str, Any]:
         """The items' plain-data state in ``flowrl.replay_storage``'s layout, from the columns (one layout)."""
@@ -122,8 +122,8 @@ class RowStore:
                 raise ValueError(f"stored column {key!r} holds Python objects (dtype {column.dtype}), which a "
                                  f"plain-data state cannot carry; drop or convert that column before storing batches")
         n = self.size
-        columns = {k: v.take(range(n)) if isinstance(v, PackedRows) else v[:n].copy() for k, v in self.columns.items()}
-        layouts = [{"lengths": np.ones(n, np.int64), "columns": columns}]
+        rows = np.arange(n)  # an index array gives a new array from either kind of column, never a view
+        layouts = [{"lengths": np.ones(n, np.int64), "columns": {k: v[rows] for k, v in self.columns.items()}}]
         return {"kind": "SampleBatch", "batches": {"layout_of": np.zeros(n, np.int64), "layouts": layouts if n else []}}
 
 

@@ -121,8 +121,13 @@ def _unpack_columns(cls: type[SampleBatch], names: tuple[str, ...], dtypes: tupl
     return cls._of_checked(columns)
 
 
+WIRE_ATTRIBUTE = "_lz4_on_wire"
+"""The instance attribute by which a batch asks to cross Ray with its image columns LZ4-compressed
+(:func:`flowrl.compression.mark_for_wire` sets it; it is never sent)."""
+
+
 def _compressed_reduce(batch: SampleBatch, state: dict[str, Any]) -> tuple[Any, ...]:
-    from flowrl.compression import WIRE_ATTRIBUTE, is_image_column, pack_column
+    from flowrl.compression import is_image_column, pack_column
 
     plain = {k: v for k, v in batch.items() if not is_image_column(v)}
     packed = {k: pack_column(v) for k, v in batch.items() if k not in plain}
@@ -249,7 +254,7 @@ class SampleBatch(dict[str, np.ndarray]):
         marked by :func:`flowrl.compression.mark_for_wire` sends its image columns LZ4-compressed (unmarked on
         arrival)."""
         state = self.__dict__ or None  # attributes a subclass or a caller set travel too
-        if state is not None and "_lz4_on_wire" in state:  # flowrl.compression.mark_for_wire
+        if state is not None and WIRE_ATTRIBUTE in state:  # flowrl.compression.mark_for_wire
             return _compressed_reduce(self, state)
         packed = _pack_columns(self)
         if packed is None:

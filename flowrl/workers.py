@@ -379,7 +379,7 @@ class RolloutWorker(ParallelIteratorWorker):
             for pid, part in batch.as_multi_agent().policy_batches.items():
                 part[WEIGHTS_VERSION] = np.full(part.count, self.policy_map[pid].weights_version, np.int64)
         self.callbacks.on_sample_end(worker=self, samples=batch)
-        if self.config.compress_observations:  # image columns cross Ray LZ4-compressed
+        if self.config.compress_batches:  # image columns cross Ray LZ4-compressed
             mark_for_wire(batch)
         return batch
 

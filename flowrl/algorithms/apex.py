@@ -298,7 +298,7 @@ def make_replay_shards(config: ApexSettings) -> ReplayShards:
         prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
         prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
         replay_mode=config.replay_mode, replay_sequence_length=config.replay_sequence_length, seed=config.seed,
-        compress=config.compress_observations is not False)
+        compress=config.compress_replay)
     return ReplayShards(start(), start=lambda indices: start(shard_indices=indices),
                         capacity=config.buffer_size // config.num_replay_buffer_shards)
 

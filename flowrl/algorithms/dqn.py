@@ -144,7 +144,7 @@ def make_replay_buffer(config: OffPolicyConfig, *, sequence_length: int | None =
         replay_batch_size=config.train_batch_size,
         prioritized_replay_alpha=config.prioritized_replay_alpha if config.prioritized_replay else 0.0,
         prioritized_replay_beta=config.prioritized_replay_beta, prioritized_replay_eps=config.prioritized_replay_eps,
-        replay_mode=config.replay_mode, seed=config.seed, compress=config.compress_observations is not False,
+        replay_mode=config.replay_mode, seed=config.seed, compress=config.compress_replay,
         replay_sequence_length=config.replay_sequence_length if sequence_length is None else sequence_length)
 
 
