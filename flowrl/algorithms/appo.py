@@ -109,7 +109,8 @@ class APPOPolicy(IMPALAPolicy):
 
     With ``mu`` the sampling policy (the batch's ``logp``), ``pi_t`` the target network's policy and ``pi`` the
     learned one, ``loss`` computes V-trace with ``pi_t`` as the target policy (values and bootstrap from the
-    learned value function), then ``ratio = clamp(pi_t / mu, 0, 2) * pi / mu`` and returns
+    learned value function), then ``ratio = clamp(mu / pi_t, 0, 2) * pi / mu`` (``pi / pi_t`` wherever the clamp
+    does not bind, as RLlib's APPO) and returns
     ``-mean(min(A ratio, A clip(ratio, 1 - eps, 1 + eps))) + vf_loss_coeff * 0.5 * mean((V - vs)^2)
     - entropy_coeff * mean(H)``, plus ``kl_coeff * mean(KL(pi_t || pi))`` with ``use_kl_loss``.
 
@@ -150,9 +151,9 @@ class APPOPolicy(IMPALAPolicy):
             target_dist = self.action_distribution(self.forward_rows(batch, self.target_model)[0])
             target_logp = target_dist.logp(batch[ACTIONS])
         targets = self.vtrace_targets(batch, target_logp, values.detach())
-        is_ratio = torch.exp(target_logp - batch[LOGP]).clamp(0.0, 2.0)  # pi_t / mu
-        ratio = is_ratio * torch.exp(logp - batch[LOGP])  # ~ pi / pi_t, weighted towards the behaviour
-        adv = targets.pg_advantages
+        is_ratio = torch.exp(batch[LOGP] - target_logp).clamp(0.0, 2.0)  # mu / pi_t, clipped as RLlib's
+        ratio = is_ratio * torch.exp(logp - batch[LOGP])  # = pi / pi_t wherever mu / pi_t is within [0, 2]
+        adv = self.policy_advantages(targets)
         surrogate = torch.min(adv * ratio, adv * ratio.clamp(1.0 - cfg.clip_param, 1.0 + cfg.clip_param))
         policy_loss = -surrogate.mean()
         vf_loss = 0.5 * (values - targets.vs).pow(2).mean()

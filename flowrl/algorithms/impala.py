@@ -85,6 +85,8 @@ class IMPALAConfig(TrainerConfig):
         vtrace_clip_pg_rho_threshold: the clip of the policy gradient's importance weights (1.0).
         vf_loss_coeff: weight of the value loss ``0.5 * mean((V - vs)^2)`` (0.5).
         entropy_coeff: weight of the entropy bonus (0.01).
+        normalize_advantages: standardise the policy gradient's V-trace advantages over each train batch (mean 0,
+            std 1), as PPO does and Sample Factory's APPO by default (False: RLlib's IMPALA and APPO).
         grad_clip: max global gradient norm (40).
         lr: Adam learning rate (5e-4).
     """
@@ -109,11 +111,14 @@ class IMPALAConfig(TrainerConfig):
     vtrace_clip_pg_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
     vf_loss_coeff: float = bounded(0.5, ge=0, meaning="0 leaves the value head untrained")
     entropy_coeff: float = bounded(0.01, ge=0, meaning="0 turns the entropy bonus off")
+    normalize_advantages: bool = False
     grad_clip: float | None = 40.0
     lr: float = 0.0005
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.normalize_advantages, bool):
+            raise TypeError(f"normalize_advantages={self.normalize_advantages!r} must be a bool")
         if self.batch_mode != "truncate_episodes":
             raise ValueError(f"batch_mode={self.batch_mode!r}: V-trace learns from fragments; use "
                              f"batch_mode='truncate_episodes'")
@@ -292,6 +297,13 @@ class IMPALAPolicy(Policy):
                      clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold)
         return VTraceReturns(*(x[time_index, piece_index] for x in (out.vs, out.pg_advantages, out.clipped_rhos)))
 
+    def policy_advantages(self, targets: VTraceReturns) -> torch.Tensor:
+        """The advantages the policy gradient weighs: V-trace's, standardised with ``normalize_advantages``."""
+        adv = targets.pg_advantages
+        if not self.config.normalize_advantages or adv.numel() < 2:
+            return adv
+        return (adv - adv.mean()) / (adv.std() + 1e-8)
+
     def to_tensors(self, batch: SampleBatch) -> TensorBatch:
         """All numeric columns; a recurrent model gets the columns V-trace and the loss read, with the padded
         sequences and initial states of :meth:`~flowrl.policy.Policy.sequence_tensors` and each row's
@@ -308,7 +320,7 @@ class IMPALAPolicy(Policy):
         dist = self.action_distribution(dist_inputs)
         logp = dist.logp(batch[ACTIONS])
         targets = self.vtrace_targets(batch, logp.detach(), values.detach())
-        policy_loss = -(logp * targets.pg_advantages).mean()
+        policy_loss = -(logp * self.policy_advantages(targets)).mean()
         vf_loss = 0.5 * (values - targets.vs).pow(2).mean()
         entropy = dist.entropy().mean()
         total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy

@@ -92,7 +92,7 @@ def _logp(policy: APPOPolicy, model: torch.nn.Module, batch: dict[str, torch.Ten
 
 def test_loss_is_the_clipped_surrogate_on_target_policy_vtrace() -> None:
     """A straightforward reference: V-trace with the TARGET network as the target policy, then PPO-clip on
-    ``clamp(pi_t / mu, 0, 2) * pi / mu``, value loss to vs, entropy and the KL to the target policy."""
+    ``clamp(mu / pi_t, 0, 2) * pi / mu`` (RLlib's APPO: ``pi / pi_t`` wherever the clamp does not bind), value loss to vs, entropy and the KL to the target policy."""
     config = APPOConfig(seed=0, gamma=0.9, clip_param=0.1, use_kl_loss=True, kl_coeff=0.5, entropy_coeff=0.02)
     policy = APPOPolicy(*SPACES, config)
     _perturb(policy)
@@ -109,7 +109,7 @@ def test_loss_is_the_clipped_surrogate_on_target_policy_vtrace() -> None:
                      values=values[:, None], bootstrap_value=bootstrap,
                      discounts=(0.9 * (1.0 - batch[TERMINATEDS].float()))[:, None])
         adv, vs = ref.pg_advantages[:, 0], ref.vs[:, 0]
-        ratio = torch.exp(target_logp - mu).clamp(0, 2) * torch.exp(logp - mu)
+        ratio = torch.exp(mu - target_logp).clamp(0, 2) * torch.exp(logp - mu)
         assert ((ratio < 0.9) | (ratio > 1.1)).any(), "the check needs rows that the clip changes"
         policy_loss = -torch.min(adv * ratio, adv * ratio.clamp(0.9, 1.1)).mean()
         vf_loss = 0.5 * (values - vs).pow(2).mean()

@@ -144,6 +144,30 @@ def test_policy_targets_equal_vtrace_run_on_each_piece_alone() -> None:
     assert start == tensors[REWARDS].shape[0]
 
 
+def test_normalize_advantages_standardises_the_policy_gradients_weights_only() -> None:
+    batch = SampleBatch.concat(_pieces(np.random.default_rng(3)))
+    losses = {}
+    for normalize in (False, True):
+        policy = IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
+                              IMPALAConfig(seed=0, normalize_advantages=normalize))
+        tensors = policy.to_tensors(batch)
+        dist_inputs, values = policy.forward_rows(tensors)
+        logp = policy.action_distribution(dist_inputs).logp(tensors[ACTIONS]).detach()
+        targets = policy.vtrace_targets(tensors, logp, values.detach())
+        adv = policy.policy_advantages(targets)
+        if normalize:
+            raw = targets.pg_advantages
+            torch.testing.assert_close(adv, (raw - raw.mean()) / (raw.std() + 1e-8))
+            assert abs(float(adv.mean())) < 1e-5 and float(adv.std()) == pytest.approx(1.0, abs=1e-4)
+        else:
+            assert adv is targets.pg_advantages
+        losses[normalize] = policy.loss(tensors)[1]
+    assert losses[True]["vf_loss"] == pytest.approx(losses[False]["vf_loss"])  # the value targets are V-trace's
+    assert losses[True]["policy_loss"] != pytest.approx(losses[False]["policy_loss"])
+    with pytest.raises(TypeError, match="normalize_advantages=1 must be a bool"):
+        IMPALAConfig(normalize_advantages=1)  # type: ignore[arg-type]
+
+
 def test_policy_learns_on_a_concatenated_batch_and_needs_its_config() -> None:
     policy = IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), IMPALAConfig(seed=0))
     stats = policy.learn_on_batch(SampleBatch.concat(_pieces(np.random.default_rng(2))))["learner_stats"]
