@@ -181,6 +181,9 @@ class Trainer:
 
     def _make_workers(self, config: TrainerConfig) -> WorkerSet:
         """The WorkerSet the plan runs over (:func:`flowrl.testing.make_fake_trainer` makes fake ones)."""
+        if self.algorithm.worker_class is not None:
+            return WorkerSet(policy_class=self.algorithm.policy_class, config=config,
+                             worker_class=self.algorithm.worker_class)
         return WorkerSet(policy_class=self.algorithm.policy_class, config=config)
 
     @classmethod

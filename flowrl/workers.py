@@ -176,12 +176,13 @@ class RolloutWorker(ParallelIteratorWorker):
         self._ep_t = np.zeros(n, dtype=np.int64)
         self._pending: list[list[SampleBatch]] = [[] for _ in range(n)]  # complete_episodes carry-over
         self._episodes: list[EpisodeRecord] = []
-        super().__init__(self._sample_forever)
+        super().__init__(self._shard_items)
         self.callbacks: Callbacks = make_callbacks(config.callbacks)
         self._tracker = None if type(self.callbacks) is Callbacks else \
             EpisodeTracker(self.callbacks, self, self._eps_id.tolist(), self._next_eps)  # no hooks: no cost
 
-    def _sample_forever(self) -> Iterator[AnyBatch]:
+    def _shard_items(self) -> Iterator[Any]:
+        """This worker's stream as a shard (what ``from_actors`` gathers): ``sample()`` forever."""
         while True:
             yield self.sample()
 

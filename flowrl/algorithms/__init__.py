@@ -10,11 +10,11 @@ the config, ``plan``, the state the trainer owns (``make_owned_state``), the pol
 
 Examples:
     >>> sorted(ALGORITHMS)
-    ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ddpg', 'dqn', 'impala', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
+    ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ars', 'ddpg', 'dqn', 'es', 'impala', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
     >>> get_algorithm("dreamer")
     Traceback (most recent call last):
     ...
-    ValueError: unknown algorithm 'dreamer'; flowrl has ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ddpg', 'dqn', 'impala', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
+    ValueError: unknown algorithm 'dreamer'; flowrl has ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ars', 'ddpg', 'dqn', 'es', 'impala', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class Algorithm:
             ``{"replay_buffer": LocalReplayBuffer(...)}``, so it outlives a plan rebuilt after a worker failure.
             Objects with ``get_state``/``set_state`` are checkpointed when the config
             sets ``store_buffer_in_checkpoints``. ``None``: nothing.
+        worker_class: the training workers' class (``None``: :class:`~flowrl.workers.RolloutWorker`); ES and ARS
+            run :class:`~flowrl.evolution.PerturbationWorker`. Evaluation workers are always rollout workers.
     """
 
     name: str
@@ -68,6 +70,7 @@ class Algorithm:
     policy_class: type[Policy]
     plan: Callable[..., LocalIterator[dict[str, Any]]]
     make_owned_state: Callable[[Any], dict[str, Any]] | None = None
+    worker_class: type[Any] | None = None
 
 
 def get_algorithm(name: str) -> Algorithm:
