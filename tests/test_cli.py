@@ -304,6 +304,23 @@ def test_memory_on_the_command_line_trains_resumes_and_evaluates(args: tuple[str
     assert result.exit_code == 0 and "2 episodes (greedy)" in result.output, result.output
 
 
+@pytest.mark.parametrize("algo", ["es", "ars"])
+def test_evolution_strategies_train_resume_and_evaluate_from_the_command_line(algo: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    small = ("--config", "noise_size=100000", "--config", "num_workers=2")
+    result = invoke("train", algo, *small, "--seed", 1, "--stop-iters", 2, "--log-dir", run_dir, "--local")
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "checkpoints" / "checkpoint_000002").is_dir()
+    result = invoke("train", algo, "--resume", run_dir, "--stop-iters", 3, "--local")
+    assert result.exit_code == 0, result.output
+    assert "at iteration 2" in result.output and (run_dir / "checkpoints" / "checkpoint_000003").is_dir()
+    result = invoke("evaluate", run_dir, "--episodes", 2, "--seed", 0)
+    assert result.exit_code == 0 and "2 episodes (greedy)" in result.output, result.output
+    result = invoke("train", algo, "--config", "noise_size=5", "--stop-iters", 1, "--local")
+    assert result.exit_code != 0 and "noise_size=5 is smaller than the policy's" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_local_trains_in_this_process_and_a_resumed_run_runs_on_ray_unless_local_again(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from flowrl import executor
