@@ -552,6 +552,29 @@ class RolloutWorker(ParallelIteratorWorker):
             if self._tracker is not None:  # the hooks see the restored envs' episodes start afresh
                 self._tracker.restart(self._eps_id.tolist(), self._next_eps)
 
+    # -- tasks (meta-learning) ---------------------------------------------------------------------
+    def sample_tasks(self, n: int) -> list[Any]:
+        """``n`` tasks drawn by this worker's first env (``sample_tasks``, :mod:`flowrl.envs.tasks`)."""
+        assert isinstance(self.env, VectorEnv)  # MAML's config refuses multi-agent policies
+        return list(self.env.call("sample_tasks", n)[0])
+
+    def set_task(self, task: Any) -> None:
+        """Every env of this worker plays ``task`` (``set_task``) from now on: the episodes in progress are dropped
+        unrecorded and every env restarts, so the next sample holds only episodes of ``task``."""
+        assert isinstance(self.env, VectorEnv)
+        self.env.call("set_task", task)
+        obs = self.env.reset()
+        self._obs = obs if self.obs_filter is None else self.obs_filter(np.asarray(obs))
+        n = self.env.num_envs
+        self._eps_id = np.arange(self._next_eps, self._next_eps + n, dtype=np.int64)
+        self._next_eps += n
+        self._ep_t = np.zeros(n, dtype=np.int64)
+        self._pending = [[] for _ in range(n)]
+        self._policy_state = tuple(s.copy() for s in self._initial_state)
+        self._prev = self._initial_prev
+        if self._tracker is not None:
+            self._tracker.restart(self._eps_id.tolist(), self._next_eps)
+
     def apply(self, fn: Callable[[RolloutWorker], R]) -> R:
         """Calls ``fn(self)``: what ``WorkerSet.foreach_worker`` runs on each worker."""
         return fn(self)

@@ -12,6 +12,8 @@
 - Atari ids (``"ALE/Pong-v5"``) come with the papers' preprocessing (:mod:`flowrl.envs.atari`: 84x84 grey
   frames, frame skip and stack, a lost life ends the learning episode but not the game's statistics, marked by
   :data:`GAME_CONTINUES`); MinAtar ids (``"MinAtar/Breakout-v1"``, :mod:`flowrl.envs.minatar`) work as they are.
+- :class:`PointGoal` (``flowrl/PointGoal-v0``) is the MAML paper's 2-D navigation to a hidden goal, a task
+  distribution (``sample_tasks``/``set_task``, :mod:`flowrl.envs.tasks`) for meta-learning.
 - :class:`PettingZooEnv` adapts a PettingZoo ``ParallelEnv`` to that protocol; PettingZoo is optional
   (``pip install "flowrl[pettingzoo]"``) and imported only when an env is wrapped.
 
@@ -32,9 +34,11 @@ from flowrl.envs.memory import STATELESS_CARTPOLE, StatelessCartPole
 from flowrl.envs.multi_agent import (MultiAgentCartPole, MultiAgentEnv, MultiAgentStep, MultiAgentVectorEnv,
                                      MultiAgentVectorStep, PolicyMapping, make_policy_mapping)
 from flowrl.envs.pettingzoo import PettingZooEnv
+from flowrl.envs.tasks import POINT_GOAL, PointGoal, has_task_protocol
 from flowrl.envs.vector import AUTO_NATIVE_MIN_ENVS, SupportedSpace, VectorEnv, VectorStep
 
 __all__ = ["EnvContext", "EnvSpec", "EpisodeRecord", "GAME_CONTINUES", "derive_seed", "make_env",
            "VectorEnv", "VectorStep", "SupportedSpace", "AUTO_NATIVE_MIN_ENVS",
            "MultiAgentEnv", "MultiAgentCartPole", "MultiAgentVectorEnv", "MultiAgentStep", "MultiAgentVectorStep",
-           "PolicyMapping", "make_policy_mapping", "PettingZooEnv", "StatelessCartPole", "STATELESS_CARTPOLE"]
+           "PolicyMapping", "make_policy_mapping", "PettingZooEnv", "StatelessCartPole", "STATELESS_CARTPOLE",
+           "PointGoal", "POINT_GOAL", "has_task_protocol"]

@@ -649,6 +649,40 @@ class VectorEnv:
         return VectorStep(obs=obs.copy(), final_obs=final, rewards=rewards, terminateds=terminateds,
                           truncateds=truncateds, episodes=episodes)
 
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """``env.method(*args)`` on every env, in order, through any wrappers (gymnasium's ``get_wrapper_attr``):
+        how MAML sets each worker's task (``call("set_task", task)``).
+
+        Raises:
+            ValueError: a backend whose envs are not gymnasium envs (the vectorised CartPole, EnvPool); or an env
+                without ``method``, named.
+
+        Examples:
+            >>> env = VectorEnv("flowrl/PointGoal-v0", 2, seed=0, backend="loop")
+            >>> env.call("set_task", [0.5, 0.5])
+            [None, None]
+            >>> [goal.tolist() for goal in env.call("get_task")]
+            [[0.5, 0.5], [0.5, 0.5]]
+        """
+        self._check_open()
+        if isinstance(self._impl, _LoopImpl):
+            envs: list[Any] = self._impl.envs
+        elif isinstance(self._impl, _SyncImpl) and not isinstance(self._impl, _AsyncImpl):
+            envs = list(self._impl.vec.envs)
+        elif isinstance(self._impl, _AsyncImpl):
+            return list(self._impl.vec.call(method, *args))
+        else:
+            raise ValueError(f"VectorEnv.call({method!r}): the {self.backend!r} backend does not run gymnasium envs "
+                             f"whose methods can be called; use vector_backend='loop'")
+        out = []
+        for i, env in enumerate(envs):
+            try:
+                fn = env.get_wrapper_attr(method)
+            except AttributeError:
+                raise ValueError(f"VectorEnv.call: env {i} ({self._env_spec!r}) has no method {method!r}") from None
+            out.append(fn(*args))
+        return out
+
     def get_state(self) -> dict[str, Any]:
         """The envs' RNG and episode state plus the running episode returns and lengths, as plain data.
 
