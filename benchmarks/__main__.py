@@ -36,6 +36,9 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
   docstrings map each setting). Gives ``ppo_lstm_vs_rllib`` and ``ppo_lstm_vs_sb3`` (medians of env steps/s).
 - ``evolution``: ES and ARS on CartPole, perturbed episodes per second with 2, 4 and 8 workers, and the bytes an
   evaluation puts on the wire for a small and a large policy (``benchmarks/evolution.py``).
+- ``maml``: MAML on flowrl/PointGoal-v0 with 2 and 8 workers: a meta-iteration's seconds split into sampling
+  at the barrier, the workers' inner steps and the driver's meta-update, with the plan's profile
+  (``benchmarks/maml.py``).
 - ``atari`` (not in ``all``: about 12 minutes): Atari frames per second (``benchmarks/atari.py``): flowrl's IMPALA
   and APPO Pong presets against the raw emulator on the same 2 cores and, when the peers' virtualenv exists,
   against RLlib's APPO and IMPALA at the same sizes (``peers/rllib_atari.py``); object-store and replay bytes per
@@ -160,7 +163,7 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo_lstm": ("ppo_lstm_cartpole", "sb3_recurrent_ppo", "rllib_ppo_lstm"),
     **{name: (name,) for name in SYSTEMS}}
 SCRIPTS = ("rollout_overhead", "sampling", "recurrent_sampling", "throughput", "time_to_solve", "scaling", "loc",
-           "evolution", "atari", "atari_learning", "segment_tree", "iter_overhead")
+           "evolution", "maml", "atari", "atari_learning", "segment_tree", "iter_overhead")
 # the long atari, atari_learning and sac_lunar, and the microbenchmarks segment_tree and iter_overhead, by name only
 ALL = (*SCRIPTS[:-4], "ppo", "dqn", "sac", "ppo_lstm")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
@@ -173,7 +176,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     Examples:
         >>> parse_args(["all", "--quick"]).benchmarks
         ['rollout_overhead', 'sampling', 'recurrent_sampling', 'throughput', 'time_to_solve', 'scaling', 'loc',
-         'evolution', 'ppo', 'dqn', 'sac', 'ppo_lstm']
+         'evolution', 'maml', 'ppo', 'dqn', 'sac', 'ppo_lstm']
         >>> parse_args(["minimal_ppo", "ppo", "minimal_ppo"]).benchmarks
         ['minimal_ppo', 'ppo']
     """

@@ -1,4 +1,5 @@
-"""benchmarks/evolution.py: its command line, and its bytes table (no Ray: one worker in this process)."""
+"""benchmarks/evolution.py and benchmarks/maml.py: their command lines, and the evolution bytes table (no Ray: one
+worker in this process)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import doctest
 
 import pytest
 
-from benchmarks import evolution
+from benchmarks import evolution, maml
 
 pytestmark = pytest.mark.usefixtures("local_executor")
 
 
-def test_doctests_pass() -> None:
-    result = doctest.testmod(evolution, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+@pytest.mark.parametrize("module", [evolution, maml], ids=["evolution", "maml"])
+def test_doctests_pass(module: object) -> None:
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
 
 
