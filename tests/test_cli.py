@@ -321,6 +321,22 @@ def test_evolution_strategies_train_resume_and_evaluate_from_the_command_line(al
     assert "Traceback" not in result.output
 
 
+def test_maml_trains_resumes_and_evaluates_from_the_command_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    small = ("--config", "num_envs_per_worker=2", "--config", "rollout_fragment_length=100")
+    result = invoke("train", "maml", *small, "--seed", 1, "--stop-iters", 2, "--log-dir", run_dir, "--local")
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "checkpoints" / "checkpoint_000002").is_dir()
+    result = invoke("train", "maml", "--resume", run_dir, "--stop-iters", 3, "--local")
+    assert result.exit_code == 0 and "at iteration 2" in result.output, result.output
+    assert "adaptation_delta" in (run_dir / "progress.csv").read_text().splitlines()[0]
+    result = invoke("evaluate", run_dir, "--episodes", 2, "--seed", 0)
+    assert result.exit_code == 0 and "2 episodes (greedy)" in result.output, result.output
+    result = invoke("train", "maml", "--env", "CartPole-v1", *small, "--stop-iters", 1, "--local")
+    assert result.exit_code != 0 and "is not a task distribution" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_local_trains_in_this_process_and_a_resumed_run_runs_on_ray_unless_local_again(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from flowrl import executor
