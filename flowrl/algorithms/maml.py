@@ -40,7 +40,7 @@ from flowrl.iter import LocalIterator, from_actors
 from flowrl.ops.meta import (ADAPTATION_ROUND, TASK_INDEX, InnerAdaptation, MetaUpdate, check_task_env,
                              mean_episode_return, standardized_advantages)
 from flowrl.ops.metrics import CollectMetrics
-from flowrl.policy import Policy, TensorBatch
+from flowrl.policy import NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, ADVANTAGES, DEFAULT_POLICY_ID, LOGP, OBS, VALUE_TARGETS,
                                  SampleBatch)
 from flowrl.validation import bounded
@@ -101,6 +101,13 @@ class MAMLConfig(TrainerConfig):
             raise ValueError("model.use_lstm: MAML's inner steps here are for feed-forward policies; set "
                              "use_lstm=False")
 
+    @property
+    def steps_per_meta_iteration(self) -> int:
+        """Env steps one meta-iteration (one result) samples: its rounds from every worker, whole episodes (at
+        least ``rollout_fragment_length`` steps per env; exactly that when episodes divide it)."""
+        return ((self.inner_adaptation_steps + 1) * self.num_workers * self.num_envs_per_worker
+                * self.rollout_fragment_length)
+
 
 def plan(workers: WorkerSet, config: MAMLConfig) -> LocalIterator[dict[str, Any]]:
     """MAML: rounds from every worker at a barrier -> inner adaptation on the workers -> meta-update -> result."""
@@ -118,7 +125,8 @@ class MAMLPolicy(Policy):
     """MAML's Gaussian (or categorical) actor-critic.
 
     ``learn_on_batch`` of a batch without ``task_index`` (a worker's own round) is the inner step: one plain
-    gradient step of ``-mean(logp(a) * A)`` with ``inner_lr`` (the advantages arrive standardised). With
+    gradient step of ``-mean(logp(a) * A)`` with ``inner_lr`` (the advantages arrive standardised; a non-finite
+    gradient is skipped and counted, as every learning path does). With
     ``task_index`` (the meta batch) it is one Adam step of the meta-loss (module docstring), reporting
     ``inner_kl_<s>`` per inner step. ``postprocess_trajectory``: GAE with ``lambda_``.
     """
@@ -146,6 +154,10 @@ class MAMLPolicy(Policy):
         params = [p for p in self.model.parameters()]
         loss = self._pg_loss(tensors, {n: p for n, p in self.model.named_parameters()})
         grads = torch.autograd.grad(loss, params, allow_unused=True)
+        if not all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+            self._skip_nonfinite_update()  # a NaN or inf step is never applied (counted; or it raises)
+            return {"learner_stats": {"inner_loss": float(loss.detach()),
+                                      NONFINITE_UPDATES_SKIPPED: self.num_nonfinite_updates_skipped}}
         with torch.no_grad():
             for p, g in zip(params, grads):
                 if g is not None:

@@ -66,6 +66,17 @@ def test_the_inner_step_is_one_plain_gradient_step_of_the_policy_gradient_loss()
         torch.testing.assert_close(p.detach(), expected)
 
 
+def test_a_nan_inner_step_is_skipped_and_counted() -> None:
+    policy = MAMLPolicy(gym.spaces.Box(-np.inf, np.inf, (2,)), gym.spaces.Box(-0.1, 0.1, (2,)), MAMLConfig(seed=0))
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    batch = SampleBatch({OBS: np.zeros((4, 2), np.float32), ACTIONS: np.zeros((4, 2), np.float32),
+                         ADVANTAGES: np.array([1.0, np.nan, 0.0, 2.0], np.float32)})
+    policy.learn_on_batch(batch)
+    assert policy.num_nonfinite_updates_skipped == 1 and policy.weights_version == 0
+    for name, p in policy.model.named_parameters():
+        torch.testing.assert_close(p.detach(), before[name])
+
+
 def test_the_meta_loss_differentiates_through_the_inner_step() -> None:
     config = MAMLConfig(**SMALL, num_workers=1)
     workers = [RolloutWorker(policy_class=MAMLPolicy, config=config) for _ in range(2)]  # same seed: same weights
