@@ -82,6 +82,24 @@ def ParallelEvaluations(workers: WorkerSet, noise: NoiseTable) -> LocalIterator[
 
     Raises:
         ValueError: a table smaller than the policy's parameters (from each worker's ``set_noise``).
+
+    Examples:
+        >>> from dataclasses import dataclass
+        >>> from flowrl.evolution import EvolutionConfig, EvolutionPolicy, PerturbationWorker
+        >>> @dataclass(frozen=True, kw_only=True)
+        ... class TwoPairs(EvolutionConfig):
+        ...     pairs_per_iteration = 2
+        >>> workers = WorkerSet(policy_class=EvolutionPolicy, worker_class=PerturbationWorker,
+        ...                     config=TwoPairs(num_workers=0, noise_size=10_000, seed=0))
+        >>> noise = NoiseTable(10_000, seed=0)
+        >>> still = lambda evaluations, noise, theta: (np.zeros_like(theta), {})  # an estimator that stays put
+        >>> it = (ParallelEvaluations(workers, noise).combine(CollectEvaluations(min_episodes=4))
+        ...       .for_each(ApplyEvolutionUpdate(workers, noise, still, name="still")))
+        >>> it
+        LocalIterator[ParallelEvaluations.combine(CollectEvaluations(4 episodes, 1 steps)).for_each(ApplyEvolutionUpdate(still))]
+        >>> stats = next(it)["default_policy"]["learner_stats"]
+        >>> stats["num_pairs"], stats["update_ratio"], it.metrics.counters["num_steps_sampled"] > 0
+        (2.0, 0.0, True)
     """
     workers.foreach_worker(_UseNoise(noise))
     workers.sync_weights()
