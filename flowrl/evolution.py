@@ -36,7 +36,7 @@ from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.validation import bounded
 from flowrl.workers import RolloutWorker
 
-__all__ = ["EvolutionConfig", "NoiseTable", "Evaluations", "EvolutionPolicy", "PerturbationWorker",
+__all__ = ["EvolutionConfig", "NoiseTable", "noise_table_state", "Evaluations", "EvolutionPolicy", "PerturbationWorker",
            "PerturbedMLP"]
 
 
@@ -163,6 +163,12 @@ class NoiseTable:
             block = np.stack([self.get(int(i), dim) for i in indices[start:start + 500]])
             total += np.asarray(weights[start:start + 500], np.float64) @ block
         return total
+
+
+def noise_table_state(config: EvolutionConfig) -> dict[str, Any]:
+    """ES's and ARS's trainer-owned state: the noise table, made once per trainer (deterministic in
+    ``noise_seed``, so a resumed run draws the same)."""
+    return {"noise": NoiseTable(config.noise_size, config.noise_table_seed)}
 
 
 def _table_from_ref(ref: Any, size: int, seed: int) -> NoiseTable:
@@ -422,7 +428,4 @@ class PerturbationWorker(RolloutWorker):
                 assign(episode.env_index)
             obs = self._filtered(step.obs)
         return Evaluations(indices, returns, lengths, steps, self.policy.weights_version)
-
-    def _filtered(self, obs: np.ndarray) -> np.ndarray:
-        return obs if self.obs_filter is None else self.obs_filter(np.asarray(obs))
 

@@ -156,8 +156,7 @@ class RolloutWorker(ParallelIteratorWorker):
         self._versioned = config.profile  # stamp sampled rows with, and send, the weights' versions
         self.obs_filter = self._make_filter(config)
         self._obs: Any = self.env.reset()
-        if self.obs_filter is not None:
-            self._obs = self.obs_filter(np.asarray(self._obs))
+        self._obs = self._filtered(self._obs)
         # a recurrent policy's state per env (``()`` for a feed-forward one), and the state an episode starts from
         # and the previous actions and rewards it reads, when its model reads them (zeros at each episode start)
         self._initial_state: tuple[np.ndarray, ...] = ()
@@ -185,6 +184,10 @@ class RolloutWorker(ParallelIteratorWorker):
         """This worker's stream as a shard (what ``from_actors`` gathers): ``sample()`` forever."""
         while True:
             yield self.sample()
+
+    def _filtered(self, obs: Any) -> Any:
+        """``obs`` through this worker's observation filter (which learns from it), or as it is without one."""
+        return obs if self.obs_filter is None else self.obs_filter(np.asarray(obs))
 
     def _make_filter(self, config: RolloutConfig) -> MeanStdFilter | None:
         """The observation filter ``config.observation_filter`` names, for this worker's observation space."""
@@ -564,7 +567,7 @@ class RolloutWorker(ParallelIteratorWorker):
         assert isinstance(self.env, VectorEnv)
         self.env.call("set_task", task)
         obs = self.env.reset()
-        self._obs = obs if self.obs_filter is None else self.obs_filter(np.asarray(obs))
+        self._obs = self._filtered(obs)
         n = self.env.num_envs
         self._eps_id = np.arange(self._next_eps, self._next_eps + n, dtype=np.int64)
         self._next_eps += n

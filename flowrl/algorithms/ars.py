@@ -28,7 +28,8 @@ from torch import nn
 
 from flowrl.algorithms import Algorithm
 from flowrl.config import ModelConfig
-from flowrl.evolution import Evaluations, EvolutionConfig, EvolutionPolicy, NoiseTable, PerturbationWorker
+from flowrl.evolution import (Evaluations, EvolutionConfig, EvolutionPolicy, NoiseTable, PerturbationWorker,
+                              noise_table_state)
 from flowrl.iter import LocalIterator
 from flowrl.ops.evolution import ApplyEvolutionUpdate, CollectEvaluations, ParallelEvaluations
 from flowrl.ops.metrics import StandardMetricsReporting
@@ -78,9 +79,8 @@ def plan(workers: WorkerSet, config: ARSConfig, noise: NoiseTable) -> LocalItera
     return StandardMetricsReporting(train_op, workers, config)
 
 
-def make_owned_state(config: ARSConfig) -> dict[str, Any]:
-    """The noise table, made once per trainer (deterministic in ``noise_seed``)."""
-    return {"noise": NoiseTable(config.noise_size, config.noise_table_seed)}
+#: the noise table, made once per trainer
+make_owned_state = noise_table_state
 
 
 class ARSGradient:

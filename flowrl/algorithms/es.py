@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from flowrl.algorithms import Algorithm
-from flowrl.evolution import Evaluations, EvolutionConfig, EvolutionPolicy, NoiseTable, PerturbationWorker
+from flowrl.evolution import (Evaluations, EvolutionConfig, EvolutionPolicy, NoiseTable, PerturbationWorker,
+                              noise_table_state)
 from flowrl.iter import LocalIterator
 from flowrl.ops.evolution import ApplyEvolutionUpdate, CollectEvaluations, ParallelEvaluations, centered_ranks
 from flowrl.ops.metrics import StandardMetricsReporting
@@ -67,9 +68,8 @@ def plan(workers: WorkerSet, config: ESConfig, noise: NoiseTable) -> LocalIterat
     return StandardMetricsReporting(train_op, workers, config)
 
 
-def make_owned_state(config: ESConfig) -> dict[str, Any]:
-    """The noise table, made once per trainer (deterministic in ``noise_seed``, so a resumed run draws the same)."""
-    return {"noise": NoiseTable(config.noise_size, config.noise_table_seed)}
+#: the noise table, made once per trainer
+make_owned_state = noise_table_state
 
 
 def es_gradient(evaluations: Evaluations, noise: NoiseTable, theta: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:

@@ -665,12 +665,12 @@ class VectorEnv:
             [[0.5, 0.5], [0.5, 0.5]]
         """
         self._check_open()
+        if isinstance(self._impl, _AsyncImpl):  # (a _SyncImpl too) its envs live in other processes
+            return list(self._impl.vec.call(method, *args))
         if isinstance(self._impl, _LoopImpl):
             envs: list[Any] = self._impl.envs
-        elif isinstance(self._impl, _SyncImpl) and not isinstance(self._impl, _AsyncImpl):
+        elif isinstance(self._impl, _SyncImpl):
             envs = list(self._impl.vec.envs)
-        elif isinstance(self._impl, _AsyncImpl):
-            return list(self._impl.vec.call(method, *args))
         else:
             raise ValueError(f"VectorEnv.call({method!r}): the {self.backend!r} backend does not run gymnasium envs "
                              f"whose methods can be called; use vector_backend='loop'")
