@@ -59,7 +59,9 @@ def test_unknown_loggers_and_missing_packages_are_named(tmp_path: Path, monkeypa
 
 
 def _wandb_ids(run_dir: Path) -> list[str]:
-    return [p.name.rpartition("-")[2] for p in sorted(run_dir.glob("wandb/offline-run-*"))]
+    """The run id of each offline W&B run directory, oldest first, read from its ``run-<id>.wandb`` log: the
+    directory's own name gains a ``-1`` suffix when two processes start the same run within one second."""
+    return [log.stem.removeprefix("run-") for log in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))]
 
 
 def test_a_resumed_run_continues_its_tracker_runs_and_a_branch_back_starts_new_ones(tmp_path: Path) -> None:
