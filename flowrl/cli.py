@@ -224,7 +224,10 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
         raise click.BadParameter("the run does not evaluate: add --config evaluation_interval=K (evaluate every K "
                                  "iterations), or drop --stop-reward-from evaluation", param_hint="'--stop-reward-from'")
     if local or checkpoint is not None:  # how it runs, not what it learned: resumed, it runs on Ray unless --local
-        config = dataclasses.replace(config, executor="local" if local else "ray")
+        try:
+            config = dataclasses.replace(config, executor="local" if local else "ray")
+        except ValueError as e:  # an algorithm that cannot run in one process (DD-PPO) says so
+            raise click.BadParameter(str(e), param_hint="'--local'") from None
     if note is not None:
         click.echo(note, err=True)
     run_dir = _run_dir(log_dir, checkpoint, algorithm, config)

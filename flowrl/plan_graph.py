@@ -88,14 +88,18 @@ def _stand_in_workers(config: TrainerConfig) -> Any:
     return StandInWorkers()
 
 
+def _no_process_group(workers: Any, **settings: Any) -> None:
+    """DD-PPO's :func:`~flowrl.ops.decentralized.form_process_group` over stand-in workers: nothing to form."""
+
+
 @contextlib.contextmanager
 def _stand_in_aggregators() -> Iterator[None]:
     """While a plan is built: IMPALA's tree aggregation gets stand-in ``Aggregator`` actors (after the same checks
-    of its settings) instead of Ray actors. The plan draws them; the list it would kill on close is emptied on
+    of its settings) instead of Ray actors, and DD-PPO's stand-in workers form no process group. The plan draws them; the list it would kill on close is emptied on
     exit, since there is nothing to kill."""
     from unittest import mock
 
-    from flowrl.algorithms import impala
+    from flowrl.algorithms import ddppo, impala
     from flowrl.ops.aggregation import aggregator_groups
 
     made: list[list[Any]] = []
@@ -105,7 +109,8 @@ def _stand_in_aggregators() -> Iterator[None]:
         made.append([_StandInActor(f"aggregator_{g}") for g in range(len(groups))])
         return made[-1]
 
-    with mock.patch.object(impala, "make_aggregators", make_stand_ins):
+    with mock.patch.object(impala, "make_aggregators", make_stand_ins), \
+            mock.patch.object(ddppo, "form_process_group", _no_process_group):
         yield
     for aggregators in made:
         aggregators.clear()

@@ -22,6 +22,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from flowrl.collective import Collective
 from flowrl.config import PolicyConfig
 from flowrl.models import (ActionDistribution, NumpyActing, NumpyRecurrent, RecurrentActorCritic, dist_class_for,
                            encode_prev_actions, make_model)
@@ -49,6 +50,10 @@ PrevInputs = tuple[np.ndarray, np.ndarray] | None
 NONFINITE_UPDATES_SKIPPED = "num_nonfinite_updates_skipped"
 
 logger = logging.getLogger(__name__)
+
+
+#: the entries of :meth:`Policy.get_state` that hold random generators' states
+_RNG_STATE_KEYS = ("torch_rng", "numpy_rng", "act_rng")
 
 
 def _check_device(device: str) -> torch.device:
@@ -339,6 +344,13 @@ class Policy:
     #: the config class this policy's settings come from; :meth:`__init__` refuses any other config with a
     #: ``TypeError`` that names it (a subclass sets its algorithm's config, e.g. ``config_class = PPOConfig``).
     config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
+
+    #: the process group this policy's gradients are averaged over before every optimizer step (clipping comes
+    #: after), or ``None``; set by the actor that joins the group (:class:`~flowrl.collective.CollectiveMember`)
+    collective: Collective | None = None
+    #: this member's weight in that average (``None``: ``1 / world_size``); a learner group member training on a
+    #: share of ``n`` of a minibatch's ``N`` rows sets ``n / N``
+    collective_weight: float | None = None
 
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         if not isinstance(config, self.config_class):
@@ -681,6 +693,8 @@ class Policy:
         loss, stats = self.loss(tensors)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+        if self.collective is not None:  # DD-PPO, a learner group: every member steps on the same gradient
+            self.collective.average_gradients(self.model.parameters(), self.collective_weight)
         if self.config.grad_clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
             stats["grad_gnorm"] = float(norm)
@@ -798,6 +812,16 @@ class Policy:
         self.np_random.bit_generator.state = state["numpy_rng"]
         self.act_random.bit_generator.state = state["act_rng"]
         self.global_timestep = int(state["global_timestep"])
+
+    def get_learner_state(self) -> dict[str, Any]:
+        """:meth:`get_state` without the random generators' states: what members of a process group that learn
+        together must share (each keeps its own draws, so its actions and minibatch order stay its own)."""
+        return {k: v for k, v in self.get_state().items() if k not in _RNG_STATE_KEYS}
+
+    def set_learner_state(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`get_learner_state` output, keeping this policy's random generators' states."""
+        own = self.get_state()
+        self.set_state({**state, **{k: own[k] for k in _RNG_STATE_KEYS}})
 
     def _check_optimizer_state(self, saved: Mapping[str, Any]) -> None:
         """Refuses a saved optimizer state whose per-parameter tensors (Adam's moments, say) have other shapes

@@ -26,13 +26,14 @@ import numpy as np
 import torch
 
 from flowrl import executor, runtime
+from flowrl.collective import Collective, CollectiveMember
 from flowrl.callbacks import Callbacks, EpisodeTracker, add_learner_stats, before_learning, make_callbacks
 from flowrl.config import PolicyConfig, PolicySpec, RolloutConfig
 from flowrl.compression import mark_for_wire
 from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
                          make_policy_mapping)
-from flowrl.filters import MeanStdFilter, make_filter
+from flowrl.filters import MeanStdFilter, RunningStat, make_filter
 from flowrl.iter import ParallelIteratorWorker
 from flowrl.policy import AgentStates, Policy, PrevInputs, flush_denormals, next_prev_inputs, restart_states
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
@@ -122,7 +123,7 @@ def check_finite_env_output(columns: Mapping[str, np.ndarray], eps_ids: np.ndarr
                      f"env, or wrap it to replace such values, as flowrl does not train on NaN or inf")
 
 
-class RolloutWorker(ParallelIteratorWorker):
+class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
     """Envs plus policy replicas; ``sample()`` one fragment per call. Usable in-process or as an actor.
 
     Args:
@@ -179,6 +180,11 @@ class RolloutWorker(ParallelIteratorWorker):
         self.callbacks: Callbacks = make_callbacks(config.callbacks)
         self._tracker = None if type(self.callbacks) is Callbacks else \
             EpisodeTracker(self.callbacks, self, self._eps_id.tolist(), self._next_eps)  # no hooks: no cost
+
+    #: whether this worker agreed with its process group's state since it joined (:meth:`agree_with_group`)
+    _group_agreed = False
+    #: the group's observation-filter statistics as of the last :meth:`sync_filter_with_group`
+    _group_filter: np.ndarray | None = None
 
     def _shard_items(self) -> Iterator[Any]:
         """This worker's stream as a shard (what ``from_actors`` gathers): ``sample()`` forever."""
@@ -554,6 +560,62 @@ class RolloutWorker(ParallelIteratorWorker):
                 self._prev = (np.array(actions, self._initial_prev[0].dtype), np.array(rewards, np.float32))
             if self._tracker is not None:  # the hooks see the restored envs' episodes start afresh
                 self._tracker.restart(self._eps_id.tolist(), self._next_eps)
+
+    # -- process groups (DD-PPO) -----------------------------------------------------------------
+    def on_collective_joined(self, collective: Collective) -> None:
+        """Hooks the trained policies into the group (their gradients are averaged over it from now on) and
+        marks the group's state as not yet agreed: :meth:`agree_with_group` runs before the next update."""
+        for pid in self.policies_to_train:
+            self.get_policy(pid).collective = collective
+        self._group_agreed = False
+
+    def agree_with_group(self) -> int:
+        """Makes every member's learner state (weights, optimizer, the policy's own learned state such as PPO's
+        KL coefficient) and observation filter those of the member whose weights are furthest along (the lowest
+        rank among equals): a member that replaced a failed one, or that was restored from a checkpoint holding
+        fewer workers, catches up. A collective call, once per group; returns the source's rank.
+
+        Raises:
+            RuntimeError: the worker is in no group (form one with :func:`flowrl.collective.form_group`).
+        """
+        group = self._group()
+        versions = group.gather([self.get_policy(pid).weights_version for pid in self.policies_to_train])
+        source = max(range(len(versions)), key=lambda rank: (versions[rank], -rank))
+        mine = ({pid: self.get_policy(pid).get_learner_state() for pid in self.policies_to_train},
+                None if self.obs_filter is None else self.obs_filter.running.to_array())
+        states, running = group.gather(mine if group.rank == source else None)[source]
+        if group.rank != source:
+            for pid, state in states.items():
+                self.get_policy(pid).set_learner_state(state)
+        if self.obs_filter is not None:  # the group's filter: the source's, plus every member's news from now on
+            self.obs_filter.take_delta()  # already in the source's statistics, or left out of the group's
+            self.obs_filter.sync(running)
+            self._group_filter = np.array(running)
+        self._group_agreed = True
+        return source
+
+    def sync_filter_with_group(self) -> None:
+        """Merges every member's observation-filter news since the last call into the group's statistics, in rank
+        order, and adopts the result (bit-identical on every member); a no-op without a filter. A collective."""
+        if self.obs_filter is None:
+            return
+        group = self._group()
+        if self._group_filter is None:
+            raise RuntimeError(f"rollout worker {self.worker_index}: agree_with_group() must run once in a new "
+                               f"process group before its filters sync")
+        deltas = group.gather(self.obs_filter.take_delta())
+        shape = self.obs_filter.shape
+        merged = RunningStat.from_array(shape, self._group_filter)
+        for delta in deltas:
+            merged.merge(RunningStat.from_array(shape, delta))
+        self._group_filter = merged.to_array()
+        self.obs_filter.sync(self._group_filter)  # its news since take_delta: none
+
+    def _group(self) -> Collective:
+        if self.collective is None:
+            raise RuntimeError(f"rollout worker {self.worker_index} is in no process group; form one over the "
+                               f"remote workers first (flowrl.collective.form_group)")
+        return self.collective
 
     # -- tasks (meta-learning) ---------------------------------------------------------------------
     def sample_tasks(self, n: int) -> list[Any]:

@@ -337,6 +337,23 @@ def test_maml_trains_resumes_and_evaluates_from_the_command_line(tmp_path: Path)
     assert "Traceback" not in result.output
 
 
+@pytest.mark.on_ray
+def test_ddppo_trains_resumes_and_evaluates_from_the_command_line_and_refuses_local(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    small = ("--config", "num_envs_per_worker=2", "--config", "rollout_fragment_length=50",
+             "--config", "sgd_minibatch_size=50", "--config", "num_cpus_per_worker=0.5")
+    result = invoke("train", "ddppo", *small, "--seed", 1, "--stop-iters", 2, "--log-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    result = invoke("train", "ddppo", "--resume", run_dir, "--stop-iters", 3)
+    assert result.exit_code == 0 and "at iteration 2" in result.output, result.output
+    assert (run_dir / "checkpoints" / "checkpoint_000003").is_dir()
+    result = invoke("evaluate", run_dir, "--episodes", 2, "--seed", 0)
+    assert result.exit_code == 0 and "2 episodes (greedy)" in result.output, result.output
+    result = invoke("train", "ddppo", *small, "--stop-iters", 1, "--local")
+    assert result.exit_code != 0 and "executor='local': DD-PPO's workers form a process group" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_local_trains_in_this_process_and_a_resumed_run_runs_on_ray_unless_local_again(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from flowrl import executor

@@ -33,7 +33,7 @@ def test_a_type_checking_only_class_is_not_data() -> None:
 def test_every_settable_field_given_as_its_checkpoint_data_parses_to_the_configs_value(name: str) -> None:
     """--config KEY=VALUE and checkpoint data read a field through the same hint, so they agree on its value."""
     config_class = get_algorithm(name).config_class
-    config = config_class(num_workers=1)
+    config = config_class(num_workers=2)
     data = config_to_data(config)["fields"]
     checked = 0
     for field, hint in field_hints(config_class).items():

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.usefixtures("local_executor")  # the trainer's actors in this process: its defaults, in a blink
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", sorted(set(ALGORITHMS) - {"ddppo"}))  # a process group: tests/algorithms/test_ddppo.py
 def test_the_stand_in_plan_has_the_trainers_graph(name: str) -> None:
     algorithm = get_algorithm(name)
     config = algorithm.config_class()
@@ -40,7 +40,7 @@ for name in {sorted(ALGORITHMS)!r}:
     result = CliRunner().invoke(main, ["plan", "show", name])
     assert result.exit_code == 0, (name, result.output)
     n = get_algorithm(name).config_class().num_workers
-    assert n == 0 or f"[shards={{n}}]" in result.output, (name, result.output)
+    assert n == 0 or f"[shards={{n}}]" in result.output or f"({{n}} shards)" in result.output, (name, result.output)
     print(name, ray.is_initialized())
 for name in ("impala", "appo"):  # tree aggregation: stand-in aggregators, no actors
     args = ["plan", "show", name, "--config", "num_workers=4", "--config", "num_aggregation_workers=2"]

@@ -86,6 +86,10 @@ class PPOConfig(TrainerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_minibatch_size()
+
+    def _check_minibatch_size(self) -> None:
+        """A minibatch fits in the batch it is cut from (DD-PPO's batches are each worker's own)."""
         if self.sgd_minibatch_size > self.train_batch_size:
             raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} exceeds train_batch_size="
                              f"{self.train_batch_size}; lower sgd_minibatch_size or raise train_batch_size")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Collection, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -84,6 +84,30 @@ def _minibatches(policy: Any, part: SampleBatch, size: int, rng: np.random.Gener
         yield part.rows(rows)
 
 
+def minibatch_sgd(worker: Any, batch: AnyBatch, policies: Collection[str], *, num_sgd_iter: int,
+                  sgd_minibatch_size: int, rng_for: Callable[[str], np.random.Generator]) -> LearnerInfo:
+    """``worker.learn_on_batch`` on minibatches of ``batch``: per listed policy present in it and per epoch
+    (``num_sgd_iter``), its rows permuted by ``rng_for(policy_id)`` and cut into minibatches of
+    ``sgd_minibatch_size`` rows (0 or a size >= the rows: one). Returns each policy's learner stats, the
+    element-wise mean over the final epoch's minibatches."""
+    info: LearnerInfo = {}
+    for pid, part in batch.as_multi_agent().policy_batches.items():
+        if pid not in policies or part.count == 0:
+            continue
+        size = sgd_minibatch_size if 0 < sgd_minibatch_size < part.count else part.count
+        rng = rng_for(pid)
+        epoch_stats: list[dict[str, Any]] = []
+        for _ in range(num_sgd_iter):
+            epoch_stats = []
+            for mb in _minibatches(worker.get_policy(pid), part, size, rng):
+                wrapped = mb if isinstance(batch, SampleBatch) else MultiAgentBatch({pid: mb}, mb.count)
+                result = worker.learn_on_batch(wrapped)
+                if pid in result:
+                    epoch_stats.append(result[pid].get(LEARNER_STATS_KEY, {}))
+        info[pid] = {LEARNER_STATS_KEY: _mean_stats(epoch_stats)}
+    return info
+
+
 class LearnOnBatch(MetricsBinding):
     """The learn half of TrainOneStep: trains the local worker on a batch; emits ``(batch, learner_info)``.
 
@@ -125,23 +149,8 @@ class LearnOnBatch(MetricsBinding):
         return rng if isinstance(rng, np.random.Generator) else self._rng
 
     def _learn_minibatches(self, batch: AnyBatch) -> LearnerInfo:
-        local = self.workers.local_worker()
-        info: LearnerInfo = {}
-        for pid, part in batch.as_multi_agent().policy_batches.items():
-            if pid not in self.policies or part.count == 0:
-                continue
-            size = self.sgd_minibatch_size if 0 < self.sgd_minibatch_size < part.count else part.count
-            rng = self._policy_rng(pid)
-            epoch_stats: list[dict[str, Any]] = []
-            for _ in range(self.num_sgd_iter):
-                epoch_stats = []
-                for mb in _minibatches(local.get_policy(pid), part, size, rng):
-                    wrapped = mb if isinstance(batch, SampleBatch) else MultiAgentBatch({pid: mb}, mb.count)
-                    result = local.learn_on_batch(wrapped)
-                    if pid in result:
-                        epoch_stats.append(result[pid].get(LEARNER_STATS_KEY, {}))
-            info[pid] = {LEARNER_STATS_KEY: _mean_stats(epoch_stats)}
-        return info
+        return minibatch_sgd(self.workers.local_worker(), batch, self.policies, num_sgd_iter=self.num_sgd_iter,
+                             sgd_minibatch_size=self.sgd_minibatch_size, rng_for=self._policy_rng)
 
     def _learn_once(self, batch: AnyBatch) -> LearnerInfo:
         local = self.workers.local_worker()

@@ -16,7 +16,7 @@ from flowrl.trainer import Trainer
 # RLlib's CartPole-v1 learning gates: a smoothed return of 150 within this many env steps (ES's and ARS's are
 # RLlib's CartPole-v0 gates; for them the return is the unperturbed policy's episodes')
 GATES = {"pg": 100_000, "a2c": 500_000, "a3c": 200_000, "ppo": 100_000, "dqn": 50_000, "apex": 250_000,
-         "impala": 500_000, "appo": 200_000, "es": 100_000, "ars": 50_000}
+         "impala": 500_000, "appo": 200_000, "es": 100_000, "ars": 50_000, "ddppo": 100_000}
 TARGET = 150.0
 SEEDS = (101, 202, 303)
 

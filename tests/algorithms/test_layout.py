@@ -16,7 +16,7 @@ from flowrl.testing import plan_lines
 # TD3 is DDPG with twin Q, Ape-X DDPG runs Ape-X's plan over DDPG's policy, the composition runs PPO and DQN);
 # shared pieces live in modules that register no algorithm (actor_critic, off_policy, vtrace)
 EXTENDS = {"apex": {"dqn"}, "appo": {"impala"}, "multiagent": {"dqn", "ppo"}, "ddpg": {"dqn"}, "sac": {"dqn"},
-           "td3": {"ddpg"}, "apex_ddpg": {"apex", "ddpg"}, "r2d2": {"dqn", "apex"}}
+           "td3": {"ddpg"}, "apex_ddpg": {"apex", "ddpg"}, "r2d2": {"dqn", "apex"}, "ddppo": {"ppo"}}
 
 
 def top_level(name: str) -> tuple[ast.Module, list[str]]:

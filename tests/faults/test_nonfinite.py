@@ -114,9 +114,9 @@ def test_a_remote_worker_reports_the_env_error_to_the_driver() -> None:
 
 # every registered learner but A3C (its workers compute gradients: the compute/apply gradients test below) and the
 # two-policy composition (multiagent: its policies are PPO's and DQN's, covered here)
-# ES and ARS learn from returns, not batches, and MAML needs remote workers: tests/algorithms/test_evolution.py and
-# tests/algorithms/test_maml.py check that they skip a NaN update
-ALGOS = [name for name in ALGORITHMS if name not in ("a3c", "multiagent", "es", "ars", "maml")]
+# ES and ARS learn from returns, not batches, and MAML and DD-PPO need remote workers: tests/algorithms/test_evolution.py,
+# tests/algorithms/test_maml.py and tests/algorithms/test_ddppo.py check that they skip a NaN update
+ALGOS = [name for name in ALGORITHMS if name not in ("a3c", "multiagent", "es", "ars", "maml", "ddppo")]
 
 
 def poisoned(name: str, **overrides: Any) -> tuple[WorkerSet, SampleBatch]:

@@ -1,0 +1,203 @@
+"""Collective communication between actors: one ``torch.distributed`` process group over a set of actors.
+
+DD-PPO's rollout workers (and a learner group's learners) each run in their own process and average their
+gradients with their peers' before every optimizer step, with no central learner. This module holds what that
+needs: the :class:`Rendezvous` the group forms at (the first member's node address and a free port), the
+:class:`Collective` each member holds (all-reduce of gradients, means and gathers), the :class:`CollectiveMember`
+mixin that gives an actor class the two methods forming a group calls, and :func:`form_group`, which the driver
+runs to form one.
+
+Backends: ``"gloo"`` (CPU tensors; works everywhere) and ``"nccl"`` (CUDA tensors, one GPU per member). A group
+needs one process per member, so it needs Ray actors (``executor="ray"``): the local executor runs every actor
+in the driver's process, where only one member could live.
+
+Examples:
+    >>> Rendezvous("127.0.0.1", 29500, world_size=2, backend="gloo", timeout_s=60.0).init_method
+    'tcp://127.0.0.1:29500'
+    >>> Rendezvous("127.0.0.1", 29500, world_size=2, backend="mpi", timeout_s=60.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: collective backend='mpi' is not one of ('gloo', 'nccl'); use 'gloo' (CPU) or 'nccl' (one GPU per member)
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from flowrl import executor
+
+__all__ = ["BACKENDS", "Rendezvous", "Collective", "CollectiveMember", "form_group", "node_address"]
+
+#: the ``torch.distributed`` backends a group can use
+BACKENDS = ("gloo", "nccl")
+
+
+def node_address() -> str:
+    """This process's node address as Ray knows it (``127.0.0.1`` for flowrl's embedded instance), or
+    ``127.0.0.1`` outside Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+    return "127.0.0.1"
+
+
+def _loopback_interface() -> str | None:
+    """The name of this machine's loopback interface (``lo``, ``lo0``), if it has one by that name."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where and how a process group forms: rank 0's ``address`` and a free ``port`` on it (its TCP store), the
+    number of members, the backend, and the seconds a member waits for its peers, at forming and in every
+    collective call, before it raises (a dead peer then fails the others instead of hanging them)."""
+
+    address: str
+    port: int
+    world_size: int
+    backend: str
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"collective backend={self.backend!r} is not one of {BACKENDS}; use 'gloo' (CPU) or "
+                             f"'nccl' (one GPU per member)")
+        if self.world_size < 1:
+            raise ValueError(f"collective world_size={self.world_size} must be >= 1")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
+            raise ValueError(f"collective timeout_s={self.timeout_s!r} must be a finite number of seconds > 0")
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.address}:{self.port}"
+
+
+class Collective:
+    """This process's member of a process group (``torch.distributed``'s default group of the process).
+
+    Forming it replaces any group the process was in (a group rebuilt after a member was replaced). Every call
+    below is a collective: all members make the same calls in the same order, or they wait (up to the
+    rendezvous' ``timeout_s``) and raise.
+
+    Args:
+        rank: this member's index in ``[0, world_size)``.
+        rendezvous: where the group forms.
+    """
+
+    def __init__(self, rank: int, rendezvous: Rendezvous) -> None:
+        if not 0 <= rank < rendezvous.world_size:
+            raise ValueError(f"collective rank={rank} is outside [0, {rendezvous.world_size})")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if rendezvous.backend == "gloo" and rendezvous.address.startswith("127.") and \
+                "GLOO_SOCKET_IFNAME" not in os.environ and (loopback := _loopback_interface()) is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback  # a group on loopback talks on loopback only
+        dist.init_process_group(rendezvous.backend, init_method=rendezvous.init_method, rank=rank,
+                                world_size=rendezvous.world_size,
+                                timeout=datetime.timedelta(seconds=rendezvous.timeout_s))
+        self.rank, self.world_size, self.rendezvous = rank, rendezvous.world_size, rendezvous
+        self._device = torch.device("cuda", torch.cuda.current_device()) if rendezvous.backend == "nccl" \
+            else torch.device("cpu")
+
+    def average_gradients(self, params: Iterable[torch.nn.Parameter], weight: float | None = None) -> None:
+        """Replaces every parameter's gradient by the weighted sum over members of theirs, ``sum_m weight_m g_m``
+        (``weight=None``: ``1 / world_size``, the mean). A parameter without a gradient counts as zeros (every
+        member then sends the same tensors). One all-reduce of one flat buffer."""
+        params = list(params)
+        if not params:
+            return
+        scale = 1.0 / self.world_size if weight is None else float(weight)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]  # set just above
+        flat.mul_(scale)
+        moved = flat.to(self._device)
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+        flat = moved.to(flat.device)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p))  # type: ignore[union-attr]
+            offset += n
+
+    def mean(self, values: Sequence[float]) -> list[float]:
+        """The element-wise mean over members of ``values`` (the same length on every member)."""
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return list((tensor / self.world_size).tolist())
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every member's ``obj`` (picklable), in rank order, on every member."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        """Leaves the group (this process's default group)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class CollectiveMember:
+    """Mixin for an actor class that can join a process group: :func:`form_group` calls
+    :meth:`collective_rendezvous` on the first member and :meth:`join_collective` on all of them, which sets
+    :attr:`collective` and calls :meth:`on_collective_joined` (a subclass hooks its models in there)."""
+
+    collective: Collective | None = None
+
+    def collective_rendezvous(self) -> tuple[str, int]:
+        """This node's address and a port free on it now, for the group's TCP store (run on rank 0)."""
+        address = node_address()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+            return address, int(s.getsockname()[1])
+
+    def join_collective(self, rank: int, rendezvous: Rendezvous) -> int:
+        """Joins (or re-forms) the group as ``rank``; returns the rank once every member has joined."""
+        if self.collective is not None:
+            self.collective.close()
+            self.collective = None
+        self.collective = Collective(rank, rendezvous)
+        self.on_collective_joined(self.collective)
+        return rank
+
+    def on_collective_joined(self, collective: Collective) -> None:
+        """Called once the group has formed; the default does nothing."""
+
+
+def form_group(actors: Sequence[Any], *, backend: str = "gloo", timeout_s: float = 60.0) -> Rendezvous:
+    """Forms one process group of ``actors`` (:class:`CollectiveMember` actors, each in its own process), rank =
+    position, at a free port of the first one's node; waits until all have joined. An actor that was in a group
+    leaves it first, so this also re-forms a group after a member was replaced.
+
+    Raises:
+        ValueError: an unknown backend, no actors, or the local executor (its actors share the driver's process).
+        TimeoutError: the members did not all join within ``timeout_s`` (a blocked port, a peer's node that
+            cannot reach the first one's address).
+    """
+    if not actors:
+        raise ValueError("form_group needs at least one actor")
+    if executor.is_local(actors[0]):
+        raise ValueError("a process group needs each member in its own process, and the local executor runs every "
+                         "actor in the driver; use executor='ray'")
+    address, port = executor.get(actors[0].collective_rendezvous.remote())
+    rendezvous = Rendezvous(address, port, world_size=len(actors), backend=backend, timeout_s=timeout_s)
+    refs = [actor.join_collective.remote(rank, rendezvous) for rank, actor in enumerate(actors)]
+    try:
+        executor.get(refs, timeout=timeout_s + 5.0)
+    except executor.GetTimeoutError as e:
+        raise TimeoutError(f"the {len(actors)} members of a {backend} process group did not all join at "
+                           f"{rendezvous.init_method} within {timeout_s:g} s; check that every node reaches "
+                           f"{address} (a firewall, a VPN) or raise the timeout") from e
+    return rendezvous
