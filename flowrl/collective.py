@@ -22,19 +22,20 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 from flowrl import executor
 
-__all__ = ["BACKENDS", "Rendezvous", "Collective", "CollectiveMember", "form_group", "node_address"]
+__all__ = ["BACKENDS", "Rendezvous", "Collective", "CollectiveMember", "PeerLostError", "form_group", "node_address"]
 
 #: the ``torch.distributed`` backends a group can use
 BACKENDS = ("gloo", "nccl")
@@ -48,6 +49,21 @@ def node_address() -> str:
     if ray.is_initialized():
         return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
     return "127.0.0.1"
+
+
+class PeerLostError(RuntimeError):
+    """A collective call failed: a member of the group died, hung past the group's timeout, or left it. The
+    :class:`~flowrl.trainer.Trainer` treats it as a failed worker: it replaces the dead ones and re-forms the group."""
+
+
+@contextlib.contextmanager
+def _peers(what: str, collective: Collective) -> Iterator[None]:
+    try:
+        yield
+    except RuntimeError as e:  # gloo's and NCCL's errors (torch.distributed.DistBackendError is one)
+        raise PeerLostError(f"{what} failed on rank {collective.rank} of a group of {collective.world_size}: {e} "
+                            f"(a member died or waited more than timeout_s={collective.rendezvous.timeout_s:g} s)"
+                            ) from e
 
 
 def _loopback_interface() -> str | None:
@@ -123,7 +139,8 @@ class Collective:
         flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]  # set just above
         flat.mul_(scale)
         moved = flat.to(self._device)
-        dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+        with _peers("the all-reduce of the gradients", self):
+            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
         flat = moved.to(flat.device)
         offset = 0
         for p in params:
@@ -134,19 +151,24 @@ class Collective:
     def mean(self, values: Sequence[float]) -> list[float]:
         """The element-wise mean over members of ``values`` (the same length on every member)."""
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        with _peers("an all-reduce of means", self):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return list((tensor / self.world_size).tolist())
 
     def gather(self, obj: Any) -> list[Any]:
         """Every member's ``obj`` (picklable), in rank order, on every member."""
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        with _peers("a gather", self):
+            dist.all_gather_object(out, obj)
         return out
 
     def close(self) -> None:
-        """Leaves the group (this process's default group)."""
+        """Leaves the group (this process's default group); a group broken by a lost member is left all the same."""
         if dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except RuntimeError:
+                pass
 
 
 class CollectiveMember:

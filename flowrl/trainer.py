@@ -40,6 +40,7 @@ from flowrl._checkpoint import (check_env_named, check_tree, checkpoint_algorith
                                 sweep_checkpoint_dir, write_checkpoint)
 from flowrl.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from flowrl.callbacks import Callbacks, make_callbacks
+from flowrl.collective import PeerLostError
 from flowrl.config import TrainerConfig, config_from_data, config_to_data
 from flowrl.evaluation import evaluation_config, with_evaluation
 from flowrl.iter import LocalIterator, ShardTimeoutError
@@ -60,10 +61,11 @@ _CHECKPOINT_TREE: dict[str, type | tuple[type, ...]] = {
 
 
 def _worker_died(error: BaseException) -> bool:
-    """Whether ``error`` (or an error it was raised from) is the death of an actor, not a user error."""
+    """Whether ``error`` (or an error it was raised from) is the death of an actor, or a collective call that lost
+    a peer (a member of DD-PPO's process group died or hung), not a user error."""
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, executor.ActorDiedError):
+        if isinstance(seen, (executor.ActorDiedError, PeerLostError)):
             return True
         seen = seen.__cause__
     return False

@@ -148,14 +148,39 @@ def _fall_behind(worker: Any) -> None:
     policy.weights_version = 0
 
 
+def _adam_steps(worker: Any) -> int:
+    """How many steps the policy's Adam took (0 for a fresh one)."""
+    state = worker.get_policy().optimizer.state_dict()["state"]
+    return int(state[0]["step"]) if state else 0
+
+
+def _steps_everywhere(trainer: Trainer) -> list[int]:
+    return executor.get([w.apply.remote(_adam_steps) for w in trainer.workers.remote_workers()])
+
+
 def test_a_member_that_fell_behind_adopts_the_groups_state_when_the_group_re_forms(trainer: Trainer) -> None:
     trainer.train()
-    ahead = _worker_weights(trainer)[0]
-    second = trainer.workers.remote_workers()[1]
-    executor.get(second.apply.remote(_fall_behind))
-    assert not np.array_equal(_worker_weights(trainer)[1]["pi_trunk.0.weight"], ahead["pi_trunk.0.weight"])
+    ahead = _worker_weights(trainer)[1]
+    [steps, _] = _steps_everywhere(trainer)
+    first = trainer.workers.remote_workers()[0]  # rank 0 falls behind: the group must not follow it
+    executor.get(first.apply.remote(_fall_behind))
+    assert _steps_everywhere(trainer)[0] == 0
+    assert not np.array_equal(_worker_weights(trainer)[0]["pi_trunk.0.weight"], ahead["pi_trunk.0.weight"])
     form_process_group(trainer.workers, timeout_s=30.0)  # as a rebuilt plan does
     trainer.train()
     _assert_identical(trainer)
-    # they went on from the weights that were ahead, not from the fresh ones: one round moves them only a little
-    assert np.abs(_worker_weights(trainer)[0]["pi_trunk.0.weight"] - ahead["pi_trunk.0.weight"]).max() < 0.1
+    # every member went on from the state that was ahead: its optimizer's steps, plus one round's 8
+    assert _steps_everywhere(trainer) == [steps + 8, steps + 8]
+
+
+def test_a_killed_worker_is_replaced_and_the_new_one_adopts_the_groups_state(trainer: Trainer) -> None:
+    """The survivor's all-reduce loses its peer (PeerLostError), the trainer replaces the dead worker and re-forms
+    the group, and the replacement takes the survivor's weights, optimizer and filter instead of its fresh ones."""
+    import ray
+
+    trainer.train()
+    [_, steps] = _steps_everywhere(trainer)
+    ray.kill(trainer.workers.remote_workers()[0])  # rank 0: its replacement is the member behind
+    trainer.train()
+    _assert_identical(trainer)
+    assert _steps_everywhere(trainer) == [steps + 8, steps + 8]  # the survivor's optimizer went on, everywhere
