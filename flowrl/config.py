@@ -413,6 +413,13 @@ class TrainerConfig(RolloutConfig):
         fake_gpus: run the multi-device learner on ``num_gpus`` CPU "devices" (tests, laptops).
         simple_optimizer: ``None`` resolves to ``True`` when ``num_gpus <= 1``; ``False`` selects
             ``MultiGPUTrainOneStep``. See :attr:`use_simple_optimizer`.
+        num_learners: learner actors that split each minibatch, all-reduce their gradients and take the same step
+            (:mod:`flowrl.learner_group`); 1 (the default): the driver learns. For policies that learn in groups
+            (PG, PPO).
+        num_cpus_per_learner / num_gpus_per_learner: what each learner actor asks Ray for; with a GPU each (a
+            whole one) the learners train on CUDA and all-reduce over NCCL, else on the CPU over gloo.
+        collective_timeout_s: how long a member of a process group (a learner, a DD-PPO worker) waits for its
+            peers, forming the group and in each all-reduce, before it fails.
         timesteps_per_iteration: a report waits for at least this many new env steps (0 here: every train step
             reports; algorithms set their own, see "Reporting cadence" above).
         min_iter_time_s: a report waits for at least this many seconds (0: no time gate, every default).
@@ -454,6 +461,10 @@ class TrainerConfig(RolloutConfig):
     count_steps_by: Literal["env_steps", "agent_steps"] = "env_steps"
     num_gpus: float = bounded(0, ge=0, meaning="the learner's GPUs; 0 trains on the CPU")
     fake_gpus: bool = False
+    num_learners: int = bounded(1, ge=1, meaning="learner actors sharing each step; 1: the driver learns")
+    num_cpus_per_learner: float = bounded(1, ge=0, meaning="CPUs each learner actor asks Ray for")
+    num_gpus_per_learner: float = bounded(0, ge=0, meaning="GPUs each learner actor asks Ray for; 0: CPU learners")
+    collective_timeout_s: float = bounded(60.0, gt=0, meaning="seconds a process group member waits for its peers")
     simple_optimizer: bool | None = None
     timesteps_per_iteration: int = bounded(0, ge=0, meaning="env steps between reports")
     min_iter_time_s: float = bounded(0, ge=0, meaning="seconds between reports")
@@ -496,6 +507,35 @@ class TrainerConfig(RolloutConfig):
             raise ValueError(f"model.use_lstm=True trains with one learner device, whose minibatches keep sequences "
                              f"whole: num_gpus={self.num_gpus}, simple_optimizer={self.simple_optimizer} asks for the "
                              f"multi-device learner; set num_gpus <= 1 and simple_optimizer=None")
+        self._check_learners()
+
+    def _check_learners(self) -> None:
+        """A learner group's settings (``num_learners > 1``) fit together."""
+        gpus = self.num_gpus_per_learner
+        if gpus and not float(gpus).is_integer():
+            raise ValueError(f"num_gpus_per_learner={gpus:g}: learners that share a GPU cannot all-reduce over NCCL; "
+                             f"give each a whole GPU (1) or none (0: CPU learners)")
+        if self.num_learners == 1:
+            if gpus:
+                raise ValueError(f"num_gpus_per_learner={gpus:g} with num_learners=1: one learner is the driver, "
+                                 f"whose GPUs num_gpus sets; set num_gpus={gpus:g} instead, or num_learners >= 2")
+            return
+        fix = "or set num_learners=1 (the driver learns)"
+        if self.num_gpus:
+            raise ValueError(f"num_learners={self.num_learners} with num_gpus={self.num_gpus:g}: the learners, not "
+                             f"the driver, train; give them GPUs with num_gpus_per_learner=1 and set num_gpus=0, {fix}")
+        if self.executor == "local":
+            raise ValueError(f"num_learners={self.num_learners} with executor='local': the learners form a process "
+                             f"group, one process each; use executor='ray', {fix}")
+        if self.policies is not None:
+            raise ValueError(f"num_learners={self.num_learners} with multi-agent policies: a learner group trains "
+                             f"one policy; {fix}")
+        if self.model.use_lstm:
+            raise ValueError(f"num_learners={self.num_learners} with model.use_lstm=True: a learner group splits "
+                             f"minibatches by rows, which would cut sequences; {fix}")
+        if self.simple_optimizer is False:
+            raise ValueError(f"num_learners={self.num_learners} with simple_optimizer=False: the learner group "
+                             f"replaces the multi-device learner; set simple_optimizer=None, {fix}")
 
     @property
     def sample_item_size(self) -> int:
@@ -554,7 +594,7 @@ class TrainerConfig(RolloutConfig):
     def use_simple_optimizer(self) -> bool:
         """Whether plans train with ``TrainOneStep`` (True) or ``MultiGPUTrainOneStep`` (False)."""
         if self.simple_optimizer is None:
-            return self.num_gpus <= 1
+            return self.num_gpus <= 1 or self.num_learners > 1
         return self.simple_optimizer
 
 

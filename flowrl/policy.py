@@ -345,6 +345,11 @@ class Policy:
     #: ``TypeError`` that names it (a subclass sets its algorithm's config, e.g. ``config_class = PPOConfig``).
     config_class: ClassVar[type[PolicyConfig]] = PolicyConfig
 
+    #: whether this policy can learn in a learner group (``num_learners > 1``, :mod:`flowrl.learner_group`): all it
+    #: learns is its weights, its optimizer state and :meth:`learner_extras`; ``False`` for a policy with state the
+    #: driver updates between steps (a target network)
+    learns_in_groups: ClassVar[bool] = False
+
     #: the process group this policy's gradients are averaged over before every optimizer step (clipping comes
     #: after), or ``None``; set by the actor that joins the group (:class:`~flowrl.collective.CollectiveMember`)
     collective: Collective | None = None
@@ -812,6 +817,25 @@ class Policy:
         self.np_random.bit_generator.state = state["numpy_rng"]
         self.act_random.bit_generator.state = state["act_rng"]
         self.global_timestep = int(state["global_timestep"])
+
+    def learner_extras(self) -> dict[str, Any]:
+        """What this policy learns or adapts beyond its weights and optimizer, which the driver sends to a learner
+        group with every step (PPO's KL coefficient); none here."""
+        return {}
+
+    def set_learner_extras(self, extras: Mapping[str, Any]) -> None:
+        """Adopts :meth:`learner_extras` output."""
+
+    def group_step_without_rows(self) -> None:
+        """A learner group's step for a member whose share of a minibatch has no rows: it adds nothing to the
+        group's gradient (weight 0) but takes the all-reduce and the step with the others."""
+        if self.collective is None:
+            raise RuntimeError(f"{type(self).__name__} is in no process group")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.collective.average_gradients(self.model.parameters(), 0.0)
+        if self.config.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer_step()
 
     def get_learner_state(self) -> dict[str, Any]:
         """:meth:`get_state` without the random generators' states: what members of a process group that learn

@@ -34,6 +34,7 @@ from flowrl.contracts import WorkerLike
 from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, VectorEnv,
                          make_policy_mapping)
 from flowrl.filters import MeanStdFilter, RunningStat, make_filter
+from flowrl.learner_group import LearnerGroup
 from flowrl.iter import ParallelIteratorWorker
 from flowrl.policy import AgentStates, Policy, PrevInputs, flush_denormals, next_prev_inputs, restart_states
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
@@ -181,6 +182,8 @@ class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
         self._tracker = None if type(self.callbacks) is Callbacks else \
             EpisodeTracker(self.callbacks, self, self._eps_id.tolist(), self._next_eps)  # no hooks: no cost
 
+    #: the learner group this (local) worker hands its learning to (``num_learners > 1``), or ``None``
+    learner_group: LearnerGroup | None = None
     #: whether this worker agreed with its process group's state since it joined (:meth:`agree_with_group`)
     _group_agreed = False
     #: the group's observation-filter statistics as of the last :meth:`sync_filter_with_group`
@@ -437,12 +440,29 @@ class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
         """Trains each policy to train on its part of ``batch``; ``{pid: {"learner_stats": ...}}``. Learning runs
         with denormal floats flushed to zero when ``config.flush_denormal`` (:func:`~flowrl.policy.flush_denormals`),
         as do :meth:`compute_gradients` and :meth:`apply_gradients`."""
+        if self.learner_group is not None:
+            return self.learn_minibatches(batch, self.policies_to_train, [[None]])
         out = {}
         with flush_denormals(self.config.flush_denormal):
             for pid, b in self._policy_batches(batch).items():
                 if pid in self.policies_to_train:
                     added = before_learning(self.callbacks, self.policy_map[pid], b)
                     out[pid] = add_learner_stats(self.policy_map[pid].learn_on_batch(b), added)
+        return out
+
+    def learn_minibatches(self, batch: AnyBatch, policies: Sequence[str],
+                          epochs: Sequence[Sequence[np.ndarray | None]]) -> dict[str, dict[str, Any]]:
+        """Hands a whole step to the learner group: per listed trained policy in ``batch``, one group step per
+        minibatch of ``epochs`` (row indices into its part; ``None``: all of its rows); the policy then holds the
+        group's weights. Returns each policy's learner info (the final epoch's mean stats)."""
+        if self.learner_group is None:
+            raise RuntimeError("learn_minibatches hands learning to a learner group, and this worker has none "
+                               "(num_learners=1); call learn_on_batch")
+        out = {}
+        for pid, part in self._policy_batches(batch).items():
+            if pid in policies and pid in self.policies_to_train and part.count:
+                rows = [[np.arange(part.count) if idx is None else idx for idx in epoch] for epoch in epochs]
+                out[pid] = self.learner_group.learn(self.policy_map[pid], part, rows, self.callbacks)
         return out
 
     def compute_gradients(self, batch: AnyBatch) -> tuple[dict[str, list[np.ndarray]], dict[str, Any]]:
@@ -514,6 +534,8 @@ class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
         complete_episodes carry-over) and the observation filter (under ``obs_filter`` when there is one), as
         numpy and plain data: a restored worker samples on exactly as this one would. Read under :attr:`learn_lock`."""
         with self.learn_lock:
+            if self.learner_group is not None:  # the optimizer and extras the learners hold
+                self.learner_group.pull_state(self.get_policy(self.policies_to_train[0]))
             state = {"policies": {pid: p.get_state() for pid, p in self.policy_map.items()},
                      "env": self.env.get_state(), "next_eps": self._next_eps, "eps_id": self._eps_id.copy(),
                      "ep_t": self._ep_t.copy(), "pending": [[dict(b) for b in per_env] for per_env in self._pending],
@@ -530,6 +552,8 @@ class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
         with self.learn_lock:
             for pid, s in state["policies"].items():
                 self.get_policy(pid).set_state(s)
+            if self.learner_group is not None:
+                self.learner_group.push_state(self.get_policy(self.policies_to_train[0]))
             self.env.set_state(state["env"])
             self._obs = self.env.current_obs
             if self.obs_filter is not None:
@@ -667,6 +691,13 @@ class WorkerSet:
         self._outstanding: list[Any] = []
         self._filter_deltas: list[Any] = []  # remote workers' take_filter_delta calls not merged yet
         self._executor = "local" if config.executor == "local" else executor.current()
+        self.learner_group: LearnerGroup | None = None
+        if getattr(config, "num_learners", 1) > 1 and isinstance(self._local, RolloutWorker):
+            with executor.using(self._executor):
+                runtime.ensure_initialized()
+                self._check_resources()
+                self.learner_group = LearnerGroup(self._local.get_policy(self._local.policies_to_train[0]), config)
+                self._local.learner_group = self.learner_group
         if config.num_workers:
             with executor.using(self._executor):
                 if self._executor == "ray":
@@ -676,13 +707,23 @@ class WorkerSet:
                 self.sync_weights()
 
     def _check_resources(self) -> None:
-        total = executor.cluster_resources()
-        for name, per_worker in (("CPU", self.config.num_cpus_per_worker), ("GPU", self.config.num_gpus_per_worker)):
-            need = per_worker * self.config.num_workers
+        """The remote workers and learners fit in the Ray cluster's CPUs and GPUs; a ValueError naming the resource
+        otherwise."""
+        total, config = executor.cluster_resources(), self.config
+        learners = getattr(config, "num_learners", 1)
+        learners = learners if learners > 1 else 0
+        for name, per_worker, per_learner in (
+                ("CPU", config.num_cpus_per_worker, getattr(config, "num_cpus_per_learner", 0)),
+                ("GPU", config.num_gpus_per_worker, getattr(config, "num_gpus_per_learner", 0))):
+            need = per_worker * config.num_workers + per_learner * learners
             if need > total.get(name, 0):
-                raise ValueError(f"num_workers={self.config.num_workers} x {per_worker} {name} per worker needs "
-                                 f"{need} {name} but the Ray cluster has {total.get(name, 0)}; lower num_workers "
-                                 f"or num_{name.lower()}s_per_worker")
+                parts = [f"num_workers={config.num_workers} x {per_worker:g} {name} per worker"]
+                if learners:
+                    parts.append(f"num_learners={learners} x {per_learner:g} {name} per learner")
+                fixes = [f"num_workers or num_{name.lower()}s_per_worker"] + \
+                    ([f"num_learners or num_{name.lower()}s_per_learner"] if learners else [])
+                raise ValueError(f"{' + '.join(parts)} needs {need:g} {name} but the Ray cluster has "
+                                 f"{total.get(name, 0):g}; lower {' or '.join(fixes)}")
 
     def _make_remote(self, worker_index: int) -> Any:
         options = runtime.actor_options(num_cpus=self.config.num_cpus_per_worker,
@@ -769,10 +810,12 @@ class WorkerSet:
         self._remote, self._outstanding, self._filter_deltas = list(new_remote_workers), [], []
 
     def stop(self) -> None:
-        """Terminates every remote worker."""
+        """Terminates every remote worker and learner."""
         for w in self._remote:
             executor.kill(w)
         self._remote, self._outstanding, self._filter_deltas = [], [], []
+        if self.learner_group is not None:
+            self.learner_group.stop()
 
 
 if TYPE_CHECKING:

@@ -55,8 +55,8 @@ class DDPPOConfig(PPOConfig):
             group's mean KL).
         collective_backend: ``"gloo"`` (CPU tensors) or ``"nccl"`` (one GPU per worker:
             ``num_gpus_per_worker=1`` and ``device="cuda"``).
-        collective_timeout_s: how long a worker waits for its peers, forming the group and in each all-reduce,
-            before it fails (a dead peer then fails the round instead of hanging it).
+        collective_timeout_s: (:class:`~flowrl.config.TrainerConfig`'s) how long a worker waits for its peers,
+            forming the group and in each all-reduce, before it fails (a dead peer fails the round, not hang it).
         keep_local_weights_in_sync: the first worker sends its weights to the driver every round (for
             evaluation, checkpoints and ``get_policy``); ``False`` saves that transfer for large models, and the
             driver's copy then holds the weights of the last checkpoint restore only.
@@ -72,7 +72,6 @@ class DDPPOConfig(PPOConfig):
     num_sgd_iter: int = bounded(10, ge=1, meaning="epochs per round")
     kl_coeff: float = bounded(0.0, ge=0, meaning="0 turns the KL penalty off")
     collective_backend: str = "gloo"
-    collective_timeout_s: float = bounded(60.0, gt=0, meaning="seconds a worker waits for its peers")
     keep_local_weights_in_sync: bool = True
 
     def __post_init__(self) -> None:
@@ -98,9 +97,10 @@ class DDPPOConfig(PPOConfig):
             raise ValueError(f"{name} collective_backend='nccl' all-reduces CUDA tensors, one GPU per worker, but "
                              f"num_gpus_per_worker={self.num_gpus_per_worker} and device={self.device!r}; set "
                              f"num_gpus_per_worker=1 and device='cuda', or use collective_backend='gloo'")
-        if self.num_gpus:
-            raise ValueError(f"{name} num_gpus={self.num_gpus}: DD-PPO has no central learner to give GPUs to; "
-                             f"give each worker one with num_gpus_per_worker=1 and device='cuda'")
+        if self.num_gpus or self.num_learners > 1:
+            raise ValueError(f"{name} num_gpus={self.num_gpus:g}, num_learners={self.num_learners}: DD-PPO has no "
+                             f"central learner to give GPUs or learners to; its workers learn: give each a GPU with "
+                             f"num_gpus_per_worker=1 and device='cuda'")
 
     def _check_minibatch_size(self) -> None:
         if self.sgd_minibatch_size > self.sample_size:

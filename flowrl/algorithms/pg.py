@@ -97,6 +97,7 @@ class PGPolicy(Policy):
     """
 
     postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
+    learns_in_groups = True  # a loss over rows, and nothing learned beyond the weights and the optimizer
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         batch[RETURNS] = discounted_returns(rewards=batch[REWARDS], terminateds=batch[TERMINATEDS],

@@ -170,6 +170,7 @@ class PPOPolicy(Policy):
     config_class = PPOConfig
 
     postprocess_spans_episodes = True  # its postprocessing restarts at every episode boundary
+    learns_in_groups = True  # its weights, optimizer and KL coefficient are all it learns
 
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         super().__init__(observation_space, action_space, config)
@@ -216,6 +217,13 @@ class PPOPolicy(Policy):
         self.kl_coeff = adapt_kl_coeff(self.kl_coeff, sampled_kl, self.config.kl_target)
 
     # -- state ------------------------------------------------------------------------------------
+    def learner_extras(self) -> dict[str, Any]:
+        """The KL coefficient, which ``UpdateKL`` adapts in the driver."""
+        return {"kl_coeff": self.kl_coeff}
+
+    def set_learner_extras(self, extras: Mapping[str, Any]) -> None:
+        self.kl_coeff = float(extras["kl_coeff"])
+
     def get_state(self) -> dict[str, Any]:
         """The base state plus the adapted ``kl_coeff``."""
         return {**super().get_state(), "kl_coeff": self.kl_coeff}

@@ -30,7 +30,8 @@ SMALL = {"env": "CartPole-v1", "num_workers": 2, "num_envs_per_worker": 2, "roll
     ({"collective_backend": "mpi"}, r"collective_backend='mpi' is not one of \('gloo', 'nccl'\)"),
     ({"collective_backend": "nccl"}, r"collective_backend='nccl' .* num_gpus_per_worker=0 and device='cpu'; set "
                                      r"num_gpus_per_worker=1 and device='cuda'"),
-    ({"num_gpus": 1}, r"num_gpus=1: DD-PPO has no central learner .* num_gpus_per_worker=1"),
+    ({"num_gpus": 1}, r"num_gpus=1, num_learners=1: DD-PPO has no central learner .* num_gpus_per_worker=1"),
+    ({"num_learners": 2}, r"num_gpus=0, num_learners=2: DD-PPO has no central learner"),
     ({"sgd_minibatch_size": 600}, r"sgd_minibatch_size=600 exceeds each worker's batch of rollout_fragment_length x "
                                   r"num_envs_per_worker = 500 rows"),
     ({"collective_timeout_s": 0.0}, r"collective_timeout_s=0.0"),
