@@ -319,6 +319,13 @@ class RolloutConfig(PolicyConfig):
             import path ``"package.module:ClassName"`` (the path is what a checkpoint keeps and what
             ``--config callbacks=...`` takes). Each worker and the trainer make their own instance. ``None``:
             no hooks, and no cost.
+        custom_resources_per_worker: Ray custom resources each remote worker asks for beyond its CPUs and GPUs
+            (``{"accelerator": 1}``: only nodes started with that resource take it); ``None``: none.
+        placement_strategy: ``None`` lets Ray place each remote worker (and learner) on its own; ``"PACK"``,
+            ``"SPREAD"``, ``"STRICT_PACK"`` or ``"STRICT_SPREAD"`` reserves one Ray placement group for them
+            first, a bundle of the resources each asks for, placed with that strategy (packed onto few nodes,
+            spread over many, or strictly so), and fails within a minute, naming the bundles and the cluster's
+            resources, when the cluster cannot hold it. A replaced worker takes its predecessor's bundle.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -342,6 +349,8 @@ class RolloutConfig(PolicyConfig):
     clip_rewards: float | None = bounded(None, gt=0, meaning="clip the batches' rewards to [-c, c]; None keeps them")
     compress_observations: bool | None = None
     callbacks: str | type[Callbacks] | None = None
+    custom_resources_per_worker: Mapping[str, float] | None = None
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -374,6 +383,25 @@ class RolloutConfig(PolicyConfig):
                              f"policies yet; use 'NoFilter'")
         if self.batch_mode not in ("truncate_episodes", "complete_episodes"):
             raise ValueError(f"batch_mode={self.batch_mode!r}; use 'truncate_episodes' or 'complete_episodes'")
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        if self.placement_strategy is not None and self.placement_strategy not in strategies:
+            raise ValueError(f"placement_strategy={self.placement_strategy!r}; use one of {list(strategies)}, or None "
+                             f"to let Ray place each actor on its own")
+        custom = self.custom_resources_per_worker
+        if custom is None:
+            return
+        if not isinstance(custom, Mapping):
+            raise ValueError(f"custom_resources_per_worker={custom!r} must map resource names to amounts, e.g. "
+                             f"{{'accelerator': 1}}")
+        for name, amount in custom.items():
+            if not isinstance(name, str) or name in ("CPU", "GPU"):
+                raise ValueError(f"custom_resources_per_worker has the key {name!r}; name a custom resource (CPU and "
+                                 f"GPU are num_cpus_per_worker and num_gpus_per_worker)")
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not 0 <= amount < math.inf:
+                raise ValueError(f"custom_resources_per_worker[{name!r}]={amount!r} must be a finite number >= 0")
 
     @property
     def sample_size(self) -> int:

@@ -40,7 +40,7 @@ import contextlib
 import itertools
 import pickle
 import sys
-from typing import Any, Callable, Iterator, Literal, Sequence, get_args
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, get_args
 
 from flowrl import decisions, runtime
 
@@ -388,6 +388,52 @@ def node_affinity_options() -> dict[str, Any]:
     runtime.ensure_initialized()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(),
                                                                   soft=False)}
+
+
+#: the placement strategies of Ray's placement groups
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def placement_group(bundles: Sequence[Mapping[str, float]], strategy: str, *, timeout_s: float) -> Any:
+    """A Ray placement group of ``bundles`` placed with ``strategy``, once it is placed; ``None`` under the local
+    executor (its actors all run in this process).
+
+    Raises:
+        TimeoutError: the cluster could not place it within ``timeout_s`` (it is removed again).
+    """
+    if current() == "local":
+        return None
+    from ray.util.placement_group import placement_group as make, remove_placement_group
+
+    runtime.ensure_initialized()
+    group = make([dict(b) for b in bundles], strategy=strategy)
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except GetTimeoutError:
+        remove_placement_group(group)
+        nodes = len(ray.nodes())  # type: ignore[no-untyped-call]  # Ray leaves it untyped
+        raise TimeoutError(f"Ray could not place {len(bundles)} bundles {[dict(b) for b in bundles]} with strategy "
+                           f"{strategy!r} within {timeout_s:g} s on a cluster of {nodes} node(s) with "
+                           f"{cluster_resources()}") from None
+    return group
+
+
+def in_bundle(group: Any, index: int) -> dict[str, Any]:
+    """Actor options that schedule an actor into bundle ``index`` of ``group`` (none for ``group=None``)."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                    placement_group_bundle_index=index)}
+
+
+def remove_placement_group(group: Any) -> None:
+    """Releases ``group``'s resources (nothing for ``None``)."""
+    if group is not None:
+        from ray.util.placement_group import remove_placement_group as remove
+
+        remove(group)
 
 
 def cluster_resources() -> dict[str, float]:

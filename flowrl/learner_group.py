@@ -22,7 +22,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -126,14 +126,15 @@ class LearnerGroup:
 
     Made by :class:`~flowrl.workers.WorkerSet` when ``num_learners > 1``; every learner asks Ray for
     ``num_cpus_per_learner`` CPUs and ``num_gpus_per_learner`` GPUs (gloo between CPU learners, NCCL between GPU
-    ones) and starts from the driver policy's learner state.
+    ones; ``options_for(rank)``, when given, are the learner's actor options: its placement-group bundle) and starts
+    from the driver policy's learner state.
 
     Raises:
         ValueError: a policy that cannot learn in a group (:attr:`~flowrl.policy.Policy.learns_in_groups`).
     """
 
     def __init__(self, policy: Policy, config: TrainerConfig | Any, *,
-                 actor_options: Mapping[str, Any] | None = None) -> None:
+                 options_for: Callable[[int], Mapping[str, Any]] | None = None) -> None:
         if not type(policy).learns_in_groups:
             raise ValueError(f"num_learners={config.num_learners}: {type(policy).__name__} cannot learn in a "
                              f"learner group (it keeps learned state the driver updates, such as a target "
@@ -141,12 +142,15 @@ class LearnerGroup:
         self.config = config
         gpus = config.num_gpus_per_learner
         learner_config = dataclasses.replace(config, device="cuda" if gpus else "cpu")
-        options = dict(actor_options or runtime.actor_options(num_cpus=config.num_cpus_per_learner, num_gpus=gpus))
+        if options_for is None:
+            def options_for(rank: int) -> Mapping[str, Any]:
+                return runtime.actor_options(num_cpus=config.num_cpus_per_learner, num_gpus=gpus)
         self.learners = [executor.create_actor(LearnerActor, policy_class=type(policy),
                                                observation_space=policy.observation_space,
                                                action_space=policy.action_space, config=learner_config,
-                                               num_threads=int(config.num_cpus_per_learner), options=options)
-                         for _ in range(config.num_learners)]
+                                               num_threads=int(config.num_cpus_per_learner),
+                                               options=dict(options_for(rank)))
+                         for rank in range(config.num_learners)]
         self.backend = "nccl" if gpus else "gloo"
         collective.form_group(self.learners, backend=self.backend, timeout_s=config.collective_timeout_s)
         self.push_state(policy)

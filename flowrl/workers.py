@@ -47,6 +47,9 @@ __all__ = ["RolloutConfig", "PolicySpec", "RolloutWorker", "WorkerSet", "unrespo
 #: statistics (:meth:`flowrl.filters.RunningStat.to_array`) while ``observation_filter`` is not ``"NoFilter"``
 OBS_FILTER_KEY = "__obs_filter__"
 
+#: seconds a :class:`WorkerSet` waits for Ray to place its placement group (``placement_strategy``)
+PLACEMENT_TIMEOUT_S = 60.0
+
 R = TypeVar("R")
 
 
@@ -692,42 +695,87 @@ class WorkerSet:
         self._filter_deltas: list[Any] = []  # remote workers' take_filter_delta calls not merged yet
         self._executor = "local" if config.executor == "local" else executor.current()
         self.learner_group: LearnerGroup | None = None
-        if getattr(config, "num_learners", 1) > 1 and isinstance(self._local, RolloutWorker):
-            with executor.using(self._executor):
-                runtime.ensure_initialized()
-                self._check_resources()
-                self.learner_group = LearnerGroup(self._local.get_policy(self._local.policies_to_train[0]), config)
-                self._local.learner_group = self.learner_group
-        if config.num_workers:
-            with executor.using(self._executor):
-                if self._executor == "ray":
-                    runtime.ensure_initialized()
-                    self._check_resources()
-                self._remote = [self._make_remote(i + 1) for i in range(config.num_workers)]
-                self.sync_weights()
+        #: the Ray placement group of the remote workers and learners (``config.placement_strategy``), or ``None``
+        self.placement_group: Any = None
+        learners = self._num_learners()
+        if self._executor == "ray" and (config.num_workers or learners):
+            runtime.ensure_initialized()
+            self._check_resources()
+            if config.placement_strategy is not None:
+                self.placement_group = executor.placement_group(self._bundles(), config.placement_strategy,
+                                                                timeout_s=PLACEMENT_TIMEOUT_S)
+        try:
+            if learners and isinstance(self._local, RolloutWorker):
+                with executor.using(self._executor):
+                    policy = self._local.get_policy(self._local.policies_to_train[0])
+                    self.learner_group = LearnerGroup(policy, config, options_for=self._learner_options)
+                    self._local.learner_group = self.learner_group
+            if config.num_workers:
+                with executor.using(self._executor):
+                    self._remote = [self._make_remote(i + 1) for i in range(config.num_workers)]
+                    self.sync_weights()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _num_learners(self) -> int:
+        """The learner actors to start: ``num_learners`` when above 1 (one learner is the driver)."""
+        learners = int(getattr(self.config, "num_learners", 1))
+        return learners if learners > 1 else 0
+
+    def _worker_bundle(self) -> dict[str, float]:
+        config = self.config
+        return {k: float(v) for k, v in (("CPU", config.num_cpus_per_worker), ("GPU", config.num_gpus_per_worker),
+                                        *(config.custom_resources_per_worker or {}).items()) if v}
+
+    def _learner_bundle(self) -> dict[str, float]:
+        config = self.config
+        return {k: float(v) for k, v in (("CPU", getattr(config, "num_cpus_per_learner", 0)),
+                                        ("GPU", getattr(config, "num_gpus_per_learner", 0))) if v}
+
+    def _bundles(self) -> list[dict[str, float]]:
+        """One placement bundle per remote worker, then one per learner: the resources each asks for."""
+        bundles = [self._worker_bundle()] * self.config.num_workers + [self._learner_bundle()] * self._num_learners()
+        if any(not b for b in bundles):
+            raise ValueError(f"placement_strategy={self.config.placement_strategy!r} reserves a bundle of the "
+                             f"resources each remote worker and learner asks for, and num_cpus_per_worker="
+                             f"{self.config.num_cpus_per_worker:g} (or num_cpus_per_learner) asks for none; give "
+                             f"each some CPU, or set placement_strategy=None")
+        return bundles
+
+    def _learner_options(self, rank: int) -> dict[str, Any]:
+        config = self.config
+        return runtime.actor_options(num_cpus=getattr(config, "num_cpus_per_learner", 1),
+                                     num_gpus=getattr(config, "num_gpus_per_learner", 0),
+                                     **executor.in_bundle(self.placement_group, config.num_workers + rank))
 
     def _check_resources(self) -> None:
-        """The remote workers and learners fit in the Ray cluster's CPUs and GPUs; a ValueError naming the resource
-        otherwise."""
+        """The remote workers and learners fit in the Ray cluster's CPUs, GPUs and custom resources; a ValueError
+        naming the resource otherwise."""
         total, config = executor.cluster_resources(), self.config
-        learners = getattr(config, "num_learners", 1)
-        learners = learners if learners > 1 else 0
+        learners = self._num_learners()
+        custom = [(name, amount, 0) for name, amount in (config.custom_resources_per_worker or {}).items()]
         for name, per_worker, per_learner in (
                 ("CPU", config.num_cpus_per_worker, getattr(config, "num_cpus_per_learner", 0)),
-                ("GPU", config.num_gpus_per_worker, getattr(config, "num_gpus_per_learner", 0))):
+                ("GPU", config.num_gpus_per_worker, getattr(config, "num_gpus_per_learner", 0)), *custom):
             need = per_worker * config.num_workers + per_learner * learners
             if need > total.get(name, 0):
                 parts = [f"num_workers={config.num_workers} x {per_worker:g} {name} per worker"]
                 if learners:
                     parts.append(f"num_learners={learners} x {per_learner:g} {name} per learner")
-                fixes = [f"num_workers or num_{name.lower()}s_per_worker"] + \
-                    ([f"num_learners or num_{name.lower()}s_per_learner"] if learners else [])
+                per = f"num_{name.lower()}s_per_worker" if name in ("CPU", "GPU") else \
+                    f"custom_resources_per_worker[{name!r}]"
+                fixes = [f"num_workers or {per}"] + \
+                    ([f"num_learners or num_{name.lower()}s_per_learner"] if learners and per_learner else [])
                 raise ValueError(f"{' + '.join(parts)} needs {need:g} {name} but the Ray cluster has "
                                  f"{total.get(name, 0):g}; lower {' or '.join(fixes)}")
 
     def _make_remote(self, worker_index: int) -> Any:
+        custom = self.config.custom_resources_per_worker
         options = runtime.actor_options(num_cpus=self.config.num_cpus_per_worker,
-                                        num_gpus=self.config.num_gpus_per_worker)
+                                        num_gpus=self.config.num_gpus_per_worker,
+                                        **({"resources": dict(custom)} if custom else {}),
+                                        **executor.in_bundle(self.placement_group, worker_index - 1))
         with executor.using(self._executor):
             return executor.create_actor(self.worker_class, options=options, policy_class=self.policy_class,
                                          config=self.config, worker_index=worker_index)
@@ -816,6 +864,8 @@ class WorkerSet:
         self._remote, self._outstanding, self._filter_deltas = [], [], []
         if self.learner_group is not None:
             self.learner_group.stop()
+        executor.remove_placement_group(self.placement_group)
+        self.placement_group = None
 
 
 if TYPE_CHECKING:

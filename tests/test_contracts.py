@@ -60,16 +60,16 @@ def test_importing_stays_free_of_torch(module: str) -> None:
 
 
 def test_flowrl_ops_exports_its_family_modules_names() -> None:
-    from flowrl.ops import aggregation, concurrency, evolution, meta, metrics, replay, rollout, train
+    from flowrl.ops import aggregation, concurrency, decentralized, evolution, meta, metrics, replay, rollout, train
 
-    families = [rollout, train, replay, concurrency, metrics, aggregation, evolution, meta]
+    families = [rollout, train, replay, concurrency, metrics, aggregation, evolution, meta, decentralized]
     assert flowrl.ops.__all__ == [name for family in families for name in family.__all__]
     assert len(set(flowrl.ops.__all__)) == len(flowrl.ops.__all__)
     for family in families:
         for name in family.__all__:
             assert getattr(flowrl.ops, name) is getattr(family, name)
     # the names it exported when the list was written by hand, plus aggregation's aggregator_groups, the
-    # sequence layout of R2D2's replay (PadSequences), and the evolution strategies' and MAML's families
+    # sequence layout of R2D2's replay (PadSequences), and the evolution strategies', MAML's and DD-PPO's families
     assert sorted(flowrl.ops.__all__) == sorted([
         "ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields", "PadSequences",
         "TrainOneStep", "train_one_step", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep",
@@ -84,4 +84,5 @@ def test_flowrl_ops_exports_its_family_modules_names() -> None:
         "Aggregator", "make_aggregators", "aggregator_groups", "CountFreshSteps",
         "ParallelEvaluations", "CollectEvaluations", "ApplyEvolutionUpdate", "centered_ranks", "Estimator",
         "SetTasks", "InnerAdaptation", "MetaUpdate", "TASK_INDEX", "ADAPTATION_ROUND", "mean_episode_return",
-        "check_task_env", "standardized_advantages"])
+        "check_task_env", "standardized_advantages",
+        "form_process_group", "AllReduceTrainOneStep", "GroupStep", "RecordGroupTraining"])

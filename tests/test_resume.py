@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 # PPO with one remote worker, small batches; complete episodes, so no env is mid-episode at a checkpoint.
 TRAIN = ["train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--checkpoint-freq", "1",
@@ -41,6 +42,7 @@ def arrays(checkpoint: Path) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+@pytest.mark.slow  # ~30 s of training in two processes: the default tier keeps the signal tests (test_train_signals.py)
 def test_kill_then_resume_in_a_new_process_continues_bit_identically(tmp_path: Path) -> None:
     # (1) the uninterrupted run: 5 iterations, a checkpoint after each; and, side by side (each waits on its own
     # Ray start for much of the time), (2) the same run, SIGKILLed with its Ray processes once its second

@@ -52,6 +52,7 @@ def test_an_asha_sweep_of_four_trials_runs_each_trial_on_its_own_trainer(tmp_pat
         assert list(Path(result.checkpoint.path).glob("checkpoint_*/manifest.json"))
 
 
+@pytest.mark.slow  # ~20 s: a sweep killed and resumed
 def test_a_sweep_killed_after_its_first_finished_trial_resumes_and_finishes_every_trial_exactly_once(
         tmp_path: Path) -> None:
     hold = tmp_path / "hold"
@@ -162,6 +163,7 @@ def test_flowrl_tune_resume_refuses_options_and_foreign_directories(tmp_path: Pa
     assert result.exit_code == 2 and "holds no flowrl_sweep.json" in result.output, result.output
 
 
+@pytest.mark.slow  # ~17 s: a sweep on a cluster, then resumed
 def test_flowrl_tune_on_a_cluster_prints_the_results_table_and_resumes(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     address = ray.get_runtime_context().gcs_address
