@@ -39,6 +39,9 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
 - ``maml``: MAML on flowrl/PointGoal-v0 with 2 and 8 workers: a meta-iteration's seconds split into sampling
   at the barrier, the workers' inner steps and the driver's meta-update, with the plan's profile
   (``benchmarks/maml.py``).
+- ``learners``: scaling the learner (``benchmarks/learners.py``): DD-PPO against PPO on the same 2 and 4 workers
+  (env steps/s, seconds and env steps to 450), and PPO's learner step with 2 CPU learners (``num_learners=2``)
+  against the driver's lone learner on batches of 1k to 64k rows (the crossover batch size).
 - ``atari`` (not in ``all``: about 12 minutes): Atari frames per second (``benchmarks/atari.py``): flowrl's IMPALA
   and APPO Pong presets against the raw emulator on the same 2 cores and, when the peers' virtualenv exists,
   against RLlib's APPO and IMPALA at the same sizes (``peers/rllib_atari.py``); object-store and replay bytes per
@@ -163,7 +166,7 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo_lstm": ("ppo_lstm_cartpole", "sb3_recurrent_ppo", "rllib_ppo_lstm"),
     **{name: (name,) for name in SYSTEMS}}
 SCRIPTS = ("rollout_overhead", "sampling", "recurrent_sampling", "throughput", "time_to_solve", "scaling", "loc",
-           "evolution", "maml", "atari", "atari_learning", "segment_tree", "iter_overhead")
+           "evolution", "maml", "learners", "atari", "atari_learning", "segment_tree", "iter_overhead")
 # the long atari, atari_learning and sac_lunar, and the microbenchmarks segment_tree and iter_overhead, by name only
 ALL = (*SCRIPTS[:-4], "ppo", "dqn", "sac", "ppo_lstm")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
@@ -176,7 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     Examples:
         >>> parse_args(["all", "--quick"]).benchmarks
         ['rollout_overhead', 'sampling', 'recurrent_sampling', 'throughput', 'time_to_solve', 'scaling', 'loc',
-         'evolution', 'maml', 'ppo', 'dqn', 'sac', 'ppo_lstm']
+         'evolution', 'maml', 'learners', 'ppo', 'dqn', 'sac', 'ppo_lstm']
         >>> parse_args(["minimal_ppo", "ppo", "minimal_ppo"]).benchmarks
         ['minimal_ppo', 'ppo']
     """

@@ -1,5 +1,5 @@
-"""benchmarks/evolution.py and benchmarks/maml.py: their command lines, and the evolution bytes table (no Ray: one
-worker in this process)."""
+"""benchmarks/evolution.py, benchmarks/maml.py and benchmarks/learners.py: their command lines, and the evolution
+bytes table (no Ray: one worker in this process)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import doctest
 
 import pytest
 
-from benchmarks import evolution, maml
+from benchmarks import evolution, learners, maml
 
 pytestmark = pytest.mark.usefixtures("local_executor")
 
 
-@pytest.mark.parametrize("module", [evolution, maml], ids=["evolution", "maml"])
+@pytest.mark.parametrize("module", [evolution, maml, learners], ids=["evolution", "maml", "learners"])
 def test_doctests_pass(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
