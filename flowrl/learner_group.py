@@ -12,7 +12,8 @@ weights come back to the driver's policy, which the broadcast to the rollout wor
 What a policy learns beyond its weights and optimizer must travel too: a policy that can learn in a group says
 so (:attr:`~flowrl.policy.Policy.learns_in_groups`) and names that state (:meth:`~flowrl.policy.Policy.
 learner_extras`, e.g. PPO's KL coefficient), which the driver sends with every step. Policies with target networks
-updated by the driver (DQN, DDPG, SAC, APPO) do not learn in groups yet.
+updated by the driver (DQN, DDPG, SAC, APPO) do not learn in groups yet. IMPALA's learner thread hands each train
+batch to the group as one minibatch, cut between its trajectory pieces.
 
 Examples:
     >>> shares([0, 1, 2, 3, 4], 2)
@@ -88,7 +89,7 @@ class LearnerActor(CollectiveMember):
             for minibatches in epochs:
                 epoch = []
                 for rows in minibatches:
-                    mine = shares(rows, group.world_size)[group.rank]
+                    mine = policy.group_shares(batch, np.asarray(rows), group.world_size)[group.rank].tolist()
                     share = len(mine) / len(rows)
                     policy.collective_weight = share
                     if mine:

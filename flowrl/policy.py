@@ -826,6 +826,12 @@ class Policy:
     def set_learner_extras(self, extras: Mapping[str, Any]) -> None:
         """Adopts :meth:`learner_extras` output."""
 
+    def group_shares(self, batch: SampleBatch, rows: np.ndarray, num_learners: int) -> list[np.ndarray]:
+        """Each learner's share of a minibatch's ``rows`` (indices into ``batch``), in rank order: contiguous runs
+        of sizes that differ by one at most. A loss that is not a mean over independent rows cuts elsewhere
+        (IMPALA's, between trajectory pieces); the group weights each share's gradient by its share of the rows."""
+        return list(np.array_split(np.asarray(rows), num_learners))
+
     def group_step_without_rows(self) -> None:
         """A learner group's step for a member whose share of a minibatch has no rows: it adds nothing to the
         group's gradient (weight 0) but takes the all-reduce and the step with the others."""

@@ -135,6 +135,7 @@ class APPOPolicy(IMPALAPolicy):
 
     config: APPOConfig
     config_class = APPOConfig
+    learns_in_groups = False  # its target network is updated by the driver (UpdateTargetAndKL)
 
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: PolicyConfig) -> None:
         super().__init__(observation_space, action_space, config)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -119,6 +119,10 @@ class IMPALAConfig(TrainerConfig):
         super().__post_init__()
         if not isinstance(self.normalize_advantages, bool):
             raise TypeError(f"normalize_advantages={self.normalize_advantages!r} must be a bool")
+        if self.normalize_advantages and self.num_learners > 1:
+            raise ValueError(f"normalize_advantages=True with num_learners={self.num_learners}: each learner would "
+                             f"standardize its share of the batch, not the batch; set normalize_advantages=False or "
+                             f"num_learners=1")
         if self.batch_mode != "truncate_episodes":
             raise ValueError(f"batch_mode={self.batch_mode!r}: V-trace learns from fragments; use "
                              f"batch_mode='truncate_episodes'")
@@ -270,6 +274,21 @@ class IMPALAPolicy(Policy):
 
     config: IMPALAConfig
     config_class = IMPALAConfig
+    learns_in_groups = True  # V-trace runs per trajectory piece: a learner group's shares cut between pieces
+
+    def group_shares(self, batch: SampleBatch, rows: np.ndarray, num_learners: int) -> list[np.ndarray]:
+        """Contiguous runs of whole trajectory pieces (:func:`piece_ends`), each cut at the piece boundary nearest
+        to an even split of the rows; V-trace over each share is then what it is over the whole batch."""
+        rows = np.asarray(rows)
+        columns = {c: np.asarray(batch[c])[rows] for c in (REWARDS, TERMINATEDS, TRUNCATEDS, EPS_ID, ENV_ID, T)
+                   if c in batch}
+        boundaries = np.flatnonzero(piece_ends(columns)) + 1  # a share may end after any of these rows
+        cuts: list[int] = []
+        for i in range(1, num_learners):
+            target = i * len(rows) / num_learners
+            cut = int(boundaries[np.argmin(np.abs(boundaries - target))])
+            cuts.append(max(cut, cuts[-1] if cuts else 0))
+        return np.split(rows, cuts)
 
     @torch.no_grad()
     def vtrace_targets(self, batch: TensorBatch, logp: torch.Tensor, values: torch.Tensor) -> VTraceReturns:
@@ -326,6 +345,22 @@ class IMPALAPolicy(Policy):
         total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
         parts = torch.stack([policy_loss, vf_loss, entropy, targets.clipped_rhos.mean()]).detach().tolist()
         return total, dict(zip(("policy_loss", "vf_loss", "entropy", "mean_rho"), parts))
+
+
+def piece_ends(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Where :func:`sequence_layout` cuts, on numpy columns: ``True`` at the last row of each trajectory piece."""
+    n = len(columns[REWARDS])
+    ends = np.zeros(n, dtype=bool)
+    ends[-1] = True
+    for done in (TERMINATEDS, TRUNCATEDS):
+        if done in columns:
+            ends |= np.asarray(columns[done], dtype=bool)
+    for column in (EPS_ID, ENV_ID):
+        if column in columns:
+            ends[:-1] |= columns[column][1:] != columns[column][:-1]
+    if T in columns:
+        ends[:-1] |= columns[T][1:] != columns[T][:-1] + 1
+    return ends
 
 
 def sequence_layout(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
