@@ -37,7 +37,7 @@ def test_suite_doctests_pass() -> None:
 def test_all_expands_in_order_and_names_run_once() -> None:
     args = suite.parse_args(["ppo", "all", "--quick"])
     assert args.benchmarks == ["ppo", "rollout_overhead", "sampling", "recurrent_sampling", "throughput",
-                               "time_to_solve", "scaling", "loc", "evolution", "maml", "dqn", "sac",
+                               "time_to_solve", "scaling", "loc", "evolution", "maml", "learners", "dqn", "sac",
                                "ppo_lstm"]
     assert args.quick and args.repeats == 3
     assert suite.parse_args(["rllib_ppo_2x1", "--repeats", "5"]).benchmarks == ["rllib_ppo_2x1"]
