@@ -2,8 +2,9 @@
 driver's lone learner.
 
 - ``ddppo``: CartPole-v1 with 2 and 4 workers (5 envs each, fragments of 100 steps), DD-PPO (every worker learns
-  on its own 500 steps, gradients all-reduced) against PPO with the same workers and the same update (train
-  batches of every worker's fragment, minibatches of ``workers x 50`` rows, 10 epochs, lr 5e-5, no KL penalty):
+  on its own 500 steps, gradients all-reduced) against PPO with the same workers, once with the same update (train
+  batches of every worker's fragment, minibatches of ``workers x 50`` rows, 10 epochs, lr 5e-5, no KL penalty:
+  ``ppo``) and once with PPO's defaults (batches of 4000 steps, 30 epochs of minibatches of 128: ``ppo_defaults``):
   env steps per second (after the first iteration) and the seconds and env steps to a smoothed return of 450,
   medians over ``--repeats`` seeds (each run stops at 450 or ``--max-steps``).
 - ``learners``: PPO's learner step (``LearnOnBatch``, 2 epochs of minibatches of 1/4 of the batch, hidden layers
@@ -13,7 +14,8 @@ driver's lone learner.
   (``placement_strategy="STRICT_SPREAD"``; both nodes are this machine).
 
 Run: ``python benchmarks/learners.py [--quick] [--parts ddppo,learners] [--two-nodes] [--out PATH]``; the last line
-is ``ddppo_vs_ppo_throughput_4w=... ddppo_vs_ppo_time_to_450_4w=... learner_group_crossover_rows=...``.
+is ``ddppo_vs_ppo_throughput_4w=... ddppo_vs_ppo_time_to_450_4w=... ddppo_vs_ppo_defaults_throughput_4w=...
+learner_group_crossover_rows=...``.
 """
 
 from __future__ import annotations
@@ -76,8 +78,11 @@ def _configs(workers: int, seed: int) -> dict[str, Any]:
     common = {"env": "CartPole-v1", "seed": seed, "num_workers": workers, "num_envs_per_worker": 5,
               "rollout_fragment_length": 100, "num_sgd_iter": 10, "lr": 5e-5, "kl_coeff": 0.0,
               "num_cpus_per_worker": min(1.0, 2.0 / workers)}
+    sampling = {k: common[k] for k in ("env", "seed", "num_workers", "num_envs_per_worker", "rollout_fragment_length",
+                                       "num_cpus_per_worker")}
     return {"ddppo": DDPPOConfig(**common, sgd_minibatch_size=50),
-            "ppo": PPOConfig(**common, train_batch_size=workers * 500, sgd_minibatch_size=workers * 50)}
+            "ppo": PPOConfig(**common, train_batch_size=workers * 500, sgd_minibatch_size=workers * 50),
+            "ppo_defaults": PPOConfig(**sampling)}
 
 
 def run_to_450(algo: str, config: Any, max_steps: int) -> dict[str, Any]:
@@ -107,12 +112,13 @@ def _median(values: Sequence[float | None]) -> float | None:
 def part_ddppo(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for workers in (2, 4):
-        runs: dict[str, list[dict[str, Any]]] = {"ddppo": [], "ppo": []}
+        runs: dict[str, list[dict[str, Any]]] = {"ddppo": [], "ppo": [], "ppo_defaults": []}
         for seed in range(args.repeats):
-            for algo, config in sorted(_configs(workers, seed).items(), key=lambda kv: (kv[0] != "ppo") ^ seed % 2):
-                runs[algo].append(run_to_450(algo, config, args.max_steps))
-        for algo, results in runs.items():
-            rows.append({"workers": workers, "algo": algo, "runs": results,
+            order = sorted(_configs(workers, seed).items())
+            for name, config in order[seed % 3:] + order[:seed % 3]:  # each takes each place once in 3 seeds
+                runs[name].append(run_to_450("ddppo" if name == "ddppo" else "ppo", config, args.max_steps))
+        for name, results in runs.items():
+            rows.append({"workers": workers, "algo": name, "runs": results,
                          "steps_per_s": _median([r["steps_per_s"] for r in results]),
                          "seconds_to_450": _median([r["seconds_to_450"] for r in results]),
                          "steps_to_450": _median([r["steps_to_450"] for r in results])})
@@ -187,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         by = {(r["workers"], r["algo"]): r for r in rows}
         summary["ddppo_vs_ppo_throughput_4w"] = by[4, "ddppo"]["steps_per_s"] / by[4, "ppo"]["steps_per_s"]
         summary["ddppo_vs_ppo_time_to_450_4w"] = by[4, "ppo"]["seconds_to_450"] / by[4, "ddppo"]["seconds_to_450"]
+        summary["ddppo_vs_ppo_defaults_throughput_4w"] = (by[4, "ddppo"]["steps_per_s"]
+                                                          / by[4, "ppo_defaults"]["steps_per_s"])
     if "learners" in args.parts:
         rows = out["learners"] = part_learners(args)
         if args.two_nodes:
