@@ -557,6 +557,7 @@ class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
                 self.get_policy(pid).set_state(s)
             if self.learner_group is not None:
                 self.learner_group.push_state(self.get_policy(self.policies_to_train[0]))
+            self._group_agreed = False  # in a process group, the members agree again before their next update
             self.env.set_state(state["env"])
             self._obs = self.env.current_obs
             if self.obs_filter is not None:

@@ -99,6 +99,21 @@ def test_the_weights_and_filters_are_identical_everywhere_after_every_round(trai
     assert {"total_loss", "kl", "entropy"} <= set(stats)
 
 
+def test_a_restore_in_a_live_trainer_restores_the_groups_filter_too(trainer: Trainer, tmp_path: Any) -> None:
+    def count() -> float:
+        return float(_worker_weights(trainer)[0][OBS_FILTER_KEY][0])  # the filter's count of observations
+
+    trainer.train()
+    path, saved = trainer.save(tmp_path), count()
+    for _ in range(2):
+        trainer.train()
+    later = count()
+    trainer.restore(path)
+    trainer.train()
+    _assert_identical(trainer)
+    assert saved < count() < later  # one round on the restored statistics, not on those before the restore
+
+
 def test_the_trainers_graph_is_the_stand_in_plans(trainer: Trainer) -> None:
     trained = plan_graph.to_text(plan_graph.build(trainer.plan))
     with plan_graph.stand_in_plan(ALGORITHM, trainer.config) as plan:
