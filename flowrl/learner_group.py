@@ -16,7 +16,10 @@ updated by the driver (DQN, DDPG, SAC, APPO) do not learn in groups yet. IMPALA'
 batch to the group as one minibatch, cut between its trajectory pieces.
 
 Examples:
-    >>> shares([0, 1, 2, 3, 4], 2)
+    >>> import gymnasium as gym
+    >>> from flowrl.algorithms.pg import PGConfig, PGPolicy
+    >>> policy = PGPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), PGConfig(seed=0))
+    >>> [share.tolist() for share in policy.group_shares(SampleBatch({}), np.arange(5), 2)]  # rank order
     [[0, 1, 2], [3, 4]]
 """
 
@@ -38,16 +41,10 @@ from flowrl.sample_batch import SampleBatch
 if TYPE_CHECKING:
     from flowrl.config import TrainerConfig
 
-__all__ = ["LearnerActor", "LearnerGroup", "shares"]
+__all__ = ["LearnerActor", "LearnerGroup"]
 
 #: one learner call's minibatches: per epoch, the row indices of each minibatch
 Epochs = Sequence[Sequence[np.ndarray]]
-
-
-def shares(rows: Sequence[int] | np.ndarray, num_learners: int) -> list[list[int]]:
-    """Each learner's share of a minibatch's ``rows``, in rank order (``numpy.array_split``: sizes differ by one at
-    most, the first ones larger)."""
-    return [part.tolist() for part in np.array_split(np.asarray(rows), num_learners)]
 
 
 class LearnerActor(CollectiveMember):

@@ -13,7 +13,6 @@ from flowrl.algorithms.appo import APPOConfig, APPOPolicy
 from flowrl.algorithms.impala import IMPALAConfig, IMPALAPolicy
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy
 from flowrl.config import ModelConfig
-from flowrl.learner_group import shares
 from flowrl.metrics import MetricsContext
 from flowrl.ops import LearnOnBatch
 from flowrl.sample_batch import SampleBatch
@@ -24,8 +23,13 @@ SETTINGS = {"env": "CartPole-v1", "num_workers": 0, "seed": 3, "train_batch_size
 
 
 def test_shares_split_a_minibatch_in_rank_order() -> None:
-    assert shares(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
-    assert shares([9], 2) == [[9], []]  # a learner may have no rows: it steps with the others, adding nothing
+    import gymnasium as gym
+
+    policy = PPOPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), PPOConfig(seed=0))
+    empty = SampleBatch({})
+    assert [s.tolist() for s in policy.group_shares(empty, np.arange(7), 3)] == [[0, 1, 2], [3, 4], [5, 6]]
+    # a learner may have no rows: it steps with the others, adding nothing
+    assert [s.tolist() for s in policy.group_shares(empty, np.array([9]), 2)] == [[9], []]
 
 
 def _learn_twice(num_learners: int, batch: SampleBatch | None) -> tuple[SampleBatch, dict[str, Any], Any, int]:
