@@ -143,15 +143,46 @@ class LearnerGroup:
         if options_for is None:
             def options_for(rank: int) -> Mapping[str, Any]:
                 return runtime.actor_options(num_cpus=config.num_cpus_per_learner, num_gpus=gpus)
-        self.learners = [executor.create_actor(LearnerActor, policy_class=type(policy),
-                                               observation_space=policy.observation_space,
-                                               action_space=policy.action_space, config=learner_config,
-                                               num_threads=int(config.num_cpus_per_learner),
-                                               options=dict(options_for(rank)))
-                         for rank in range(config.num_learners)]
+        def make(rank: int) -> Any:
+            return executor.create_actor(LearnerActor, policy_class=type(policy),
+                                         observation_space=policy.observation_space,
+                                         action_space=policy.action_space, config=learner_config,
+                                         num_threads=int(config.num_cpus_per_learner), options=dict(options_for(rank)))
+
+        self._make = make
+        self.learners = [make(rank) for rank in range(config.num_learners)]
         self.backend = "nccl" if gpus else "gloo"
         collective.form_group(self.learners, backend=self.backend, timeout_s=config.collective_timeout_s)
         self.push_state(policy)
+
+    def recover(self, policy: Policy, timeout_s: float = 30.0) -> int:
+        """Replaces the learners that died (or do not answer within ``timeout_s``) and re-forms the group; every
+        learner then takes a survivor's learner state (its optimizer's moments and steps go on), with ``policy``
+        (the driver's) taking it too. Returns how many were replaced.
+
+        Raises:
+            RuntimeError: every learner died: their optimizer state is lost (the message says so).
+        """
+        pings = [learner.ping.remote() for learner in self.learners]
+        dead = []
+        for rank, ref in enumerate(pings):
+            try:
+                executor.get(ref, timeout=timeout_s)
+            except (executor.ActorDiedError, executor.GetTimeoutError):
+                dead.append(rank)
+        if not dead:
+            return 0
+        if len(dead) == len(self.learners):
+            raise RuntimeError(f"all {len(dead)} learners of the learner group died, and their optimizer state with "
+                               f"them; restore the last checkpoint to go on")
+        survivor = next(rank for rank in range(len(self.learners)) if rank not in dead)
+        policy.set_learner_state(executor.get(self.learners[survivor].get_learner_state.remote()))
+        for rank in dead:
+            executor.kill(self.learners[rank])
+            self.learners[rank] = self._make(rank)
+        collective.form_group(self.learners, backend=self.backend, timeout_s=self.config.collective_timeout_s)
+        self.push_state(policy)
+        return len(dead)
 
     def push_state(self, policy: Policy) -> None:
         """Every learner adopts ``policy``'s learner state (at the start, and after a restore)."""

@@ -329,7 +329,10 @@ class Trainer:
         if not (self.config.recreate_failed_workers or self.config.ignore_worker_failures):
             raise error
         failed = self.workers.check_health()
-        if not failed and not any(dead_owned.values()):
+        if learners := self.workers.recover_learners():
+            logger.warning("%d learner(s) of the learner group died; replaced, with a survivor's learner state",
+                           learners)
+        if not failed and not any(dead_owned.values()) and not learners:
             if unexplained:
                 raise RuntimeError(f"an actor that is neither a remote worker nor a trainer-owned replay shard died "
                                    f"again after the plan was rebuilt ({error}); giving up") from error

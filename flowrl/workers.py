@@ -837,6 +837,14 @@ class WorkerSet:
         """Positions in :meth:`remote_workers` of the workers that died or did not answer in time."""
         return unresponsive_actors(self._remote, timeout_s)
 
+    def recover_learners(self, timeout_s: float = 30.0) -> int:
+        """Replaces the learner group's dead learners (:meth:`LearnerGroup.recover`); how many (0 without a
+        group)."""
+        if self.learner_group is None or not isinstance(self._local, RolloutWorker):
+            return 0
+        policy = self._local.get_policy(self._local.policies_to_train[0])
+        return self.learner_group.recover(policy, timeout_s)
+
     def recreate_workers(self, indices: Sequence[int]) -> None:
         """Replaces those workers (same index, seeds and resources) and sends them the current weights."""
         for i in indices:

@@ -83,6 +83,14 @@ def test_a_trainer_with_learners_trains_saves_and_restores(tmp_path: Any) -> Non
         for name, weight in saved["weights"].items():
             np.testing.assert_array_equal(restored["weights"][name], weight, err_msg=name)
         assert restored["optimizer"]["state"][0]["step"] == saved["optimizer"]["state"][0]["step"] == 16  # 2 x 2 x 4
+
+        trainer.train()  # the learners' Adam at 24 steps, the driver's copy of it still at 16 (read at save time)
+        ray.kill(learners.learners[0])  # a learner dies: it is replaced and takes the survivor's learner state
+        trainer.train()
+        states = ray.get([learner.get_learner_state.remote() for learner in learners.learners])
+        for name, weight in states[0]["weights"].items():
+            np.testing.assert_array_equal(states[1]["weights"][name], weight, err_msg=name)
+        assert states[0]["optimizer"]["state"][0]["step"] == states[1]["optimizer"]["state"][0]["step"] >= 24 + 8
     finally:
         trainer.stop()
 
