@@ -5,7 +5,8 @@ The driver's local worker stays the learner as far as plans can tell: :class:`~f
 ``TrainOneStep``, and the learner threads of IMPALA) call its ``learn_on_batch``, and a worker with a
 :attr:`~flowrl.workers.RolloutWorker.learner_group` hands the step to the group. The driver still draws the
 minibatches (its policy's ``np_random``, as a lone learner would); each learner takes its share of every minibatch
-(``numpy.array_split`` of the rows, in rank order) and weights its gradient by its share of the rows, so the
+(:meth:`~flowrl.policy.Policy.group_shares`: ``numpy.array_split`` of the rows in rank order, or IMPALA's cuts
+between trajectory pieces) and weights its gradient by its share of the rows, so the
 group's step is the lone learner's step on the whole minibatch, up to float rounding. After the step, rank 0's
 weights come back to the driver's policy, which the broadcast to the rollout workers reads as before.
 
