@@ -136,7 +136,7 @@ class Collective:
     def average_gradients(self, params: Iterable[torch.nn.Parameter], weight: float | None = None) -> None:
         """Replaces every parameter's gradient by the weighted sum over members of theirs, ``sum_m weight_m g_m``
         (``weight=None``: ``1 / world_size``, the mean). A parameter without a gradient counts as zeros (every
-        member then sends the same tensors). One all-reduce of one flat buffer."""
+        member then sends the same tensors). One collective over one flat buffer (:meth:`_sum`)."""
         params = list(params)
         if not params:
             return

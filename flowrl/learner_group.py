@@ -156,23 +156,13 @@ class LearnerGroup:
         collective.form_group(self.learners, backend=self.backend, timeout_s=config.collective_timeout_s)
         self.push_state(policy)
 
-    def recover(self, policy: Policy, timeout_s: float = 30.0) -> int:
-        """Replaces the learners that died (or do not answer within ``timeout_s``) and re-forms the group; every
-        learner then takes a survivor's learner state (its optimizer's moments and steps go on), with ``policy``
-        (the driver's) taking it too. Returns how many were replaced.
+    def replace(self, dead: Sequence[int], policy: Policy) -> None:
+        """Replaces the learners at ranks ``dead`` and re-forms the group; every learner then takes a survivor's
+        learner state (its optimizer's moments and steps go on), with ``policy`` (the driver's) taking it too.
 
         Raises:
             RuntimeError: every learner died: their optimizer state is lost (the message says so).
         """
-        pings = [learner.ping.remote() for learner in self.learners]
-        dead = []
-        for rank, ref in enumerate(pings):
-            try:
-                executor.get(ref, timeout=timeout_s)
-            except (executor.ActorDiedError, executor.GetTimeoutError):
-                dead.append(rank)
-        if not dead:
-            return 0
         if len(dead) == len(self.learners):
             raise RuntimeError(f"all {len(dead)} learners of the learner group died, and their optimizer state with "
                                f"them; restore the last checkpoint to go on")
@@ -183,7 +173,6 @@ class LearnerGroup:
             self.learners[rank] = self._make(rank)
         collective.form_group(self.learners, backend=self.backend, timeout_s=self.config.collective_timeout_s)
         self.push_state(policy)
-        return len(dead)
 
     def push_state(self, policy: Policy) -> None:
         """Every learner adopts ``policy``'s learner state (at the start, and after a restore)."""

@@ -698,12 +698,20 @@ class Policy:
         loss, stats = self.loss(tensors)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
-        if self.collective is not None:  # DD-PPO, a learner group: every member steps on the same gradient
-            self.collective.average_gradients(self.model.parameters(), self.collective_weight)
-        if self.config.grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
-            stats["grad_gnorm"] = float(norm)
+        norm = self._finish_gradients(self.collective_weight)
+        if norm is not None:
+            stats["grad_gnorm"] = norm
         return {"loss": float(loss.detach()), **stats}
+
+    def _finish_gradients(self, weight: float | None) -> float | None:
+        """After ``backward``: in a process group, each gradient becomes the group's average (this member's
+        counting ``weight``, :attr:`collective_weight`), then clipping to ``grad_clip``; the norm before clipping,
+        or ``None`` without clipping."""
+        if self.collective is not None:  # DD-PPO, a learner group: every member steps on the same gradient
+            self.collective.average_gradients(self.model.parameters(), weight)
+        if self.config.grad_clip is None:
+            return None
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
 
     def learn_on_tensors(self, tensors: TensorBatch) -> dict[str, Any]:
         """One optimizer step on already-converted tensors; returns ``{"learner_stats": ...}``."""
@@ -838,9 +846,7 @@ class Policy:
         if self.collective is None:
             raise RuntimeError(f"{type(self).__name__} is in no process group")
         self.optimizer.zero_grad(set_to_none=True)
-        self.collective.average_gradients(self.model.parameters(), 0.0)
-        if self.config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self._finish_gradients(0.0)
         self.optimizer_step()
 
     def get_learner_state(self) -> dict[str, Any]:

@@ -695,7 +695,6 @@ class WorkerSet:
         self._outstanding: list[Any] = []
         self._filter_deltas: list[Any] = []  # remote workers' take_filter_delta calls not merged yet
         self._executor = "local" if config.executor == "local" else executor.current()
-        self.learner_group: LearnerGroup | None = None
         #: the Ray placement group of the remote workers and learners (``config.placement_strategy``), or ``None``
         self.placement_group: Any = None
         learners = self._num_learners()
@@ -709,8 +708,7 @@ class WorkerSet:
             if learners and isinstance(self._local, RolloutWorker):
                 with executor.using(self._executor):
                     policy = self._local.get_policy(self._local.policies_to_train[0])
-                    self.learner_group = LearnerGroup(policy, config, options_for=self._learner_options)
-                    self._local.learner_group = self.learner_group
+                    self._local.learner_group = LearnerGroup(policy, config, options_for=self._learner_options)
             if config.num_workers:
                 with executor.using(self._executor):
                     self._remote = [self._make_remote(i + 1) for i in range(config.num_workers)]
@@ -718,6 +716,11 @@ class WorkerSet:
         except BaseException:
             self.stop()
             raise
+
+    @property
+    def learner_group(self) -> LearnerGroup | None:
+        """The learner group the local worker hands its learning to (``num_learners > 1``), or ``None``."""
+        return getattr(self._local, "learner_group", None)
 
     def _num_learners(self) -> int:
         """The learner actors to start: ``num_learners`` when above 1 (one learner is the driver)."""
@@ -838,12 +841,15 @@ class WorkerSet:
         return unresponsive_actors(self._remote, timeout_s)
 
     def recover_learners(self, timeout_s: float = 30.0) -> int:
-        """Replaces the learner group's dead learners (:meth:`LearnerGroup.recover`); how many (0 without a
-        group)."""
-        if self.learner_group is None or not isinstance(self._local, RolloutWorker):
+        """Replaces the learner group's learners that died or did not answer ``ping()`` within ``timeout_s``
+        (:meth:`LearnerGroup.replace`); how many (0 without a group)."""
+        group = self.learner_group
+        if group is None or not isinstance(self._local, RolloutWorker):
             return 0
-        policy = self._local.get_policy(self._local.policies_to_train[0])
-        return self.learner_group.recover(policy, timeout_s)
+        dead = unresponsive_actors(group.learners, timeout_s)
+        if dead:
+            group.replace(dead, self._local.get_policy(self._local.policies_to_train[0]))
+        return len(dead)
 
     def recreate_workers(self, indices: Sequence[int]) -> None:
         """Replaces those workers (same index, seeds and resources) and sends them the current weights."""
@@ -871,8 +877,8 @@ class WorkerSet:
         for w in self._remote:
             executor.kill(w)
         self._remote, self._outstanding, self._filter_deltas = [], [], []
-        if self.learner_group is not None:
-            self.learner_group.stop()
+        if (group := self.learner_group) is not None:
+            group.stop()
         executor.remove_placement_group(self.placement_group)
         self.placement_group = None
 

@@ -89,15 +89,24 @@ def minibatch_sgd(worker: Any, batch: AnyBatch, policies: Collection[str], *, nu
     """``worker.learn_on_batch`` on minibatches of ``batch``: per listed policy present in it and per epoch
     (``num_sgd_iter``), its rows permuted by ``rng_for(policy_id)`` and cut into minibatches of
     ``sgd_minibatch_size`` rows (0 or a size >= the rows: one). Returns each policy's learner stats, the
-    element-wise mean over the final epoch's minibatches."""
-    if getattr(worker, "learner_group", None) is not None:  # the same minibatches, drawn here, learned there
-        return _group_minibatch_sgd(worker, batch, policies, num_sgd_iter, sgd_minibatch_size, rng_for)
+    element-wise mean over the final epoch's minibatches.
+
+    A worker with a learner group gets the same minibatches, drawn here from the same generator in the same order
+    (``SampleBatch.shuffle``'s permutation), as row indices, and its group learns on all of them in one call
+    (:meth:`~flowrl.workers.RolloutWorker.learn_minibatches`)."""
+    grouped = getattr(worker, "learner_group", None) is not None
     info: LearnerInfo = {}
     for pid, part in batch.as_multi_agent().policy_batches.items():
         if pid not in policies or part.count == 0:
             continue
         size = sgd_minibatch_size if 0 < sgd_minibatch_size < part.count else part.count
         rng = rng_for(pid)
+        if grouped:
+            orders = [rng.permutation(part.count) for _ in range(num_sgd_iter)]
+            epochs = [[order[start:start + size] for start in range(0, part.count, size)] for order in orders]
+            single = part if isinstance(batch, SampleBatch) else MultiAgentBatch({pid: part}, part.count)
+            info.update(worker.learn_minibatches(single, [pid], epochs))
+            continue
         epoch_stats: list[dict[str, Any]] = []
         for _ in range(num_sgd_iter):
             epoch_stats = []
@@ -107,26 +116,6 @@ def minibatch_sgd(worker: Any, batch: AnyBatch, policies: Collection[str], *, nu
                 if pid in result:
                     epoch_stats.append(result[pid].get(LEARNER_STATS_KEY, {}))
         info[pid] = {LEARNER_STATS_KEY: _mean_stats(epoch_stats)}
-    return info
-
-
-def _group_minibatch_sgd(worker: Any, batch: AnyBatch, policies: Collection[str], num_sgd_iter: int,
-                         sgd_minibatch_size: int, rng_for: Callable[[str], np.random.Generator]) -> LearnerInfo:
-    """:func:`minibatch_sgd` for a worker with a learner group: the row permutations are drawn here, from the same
-    generator and in the same order as a lone learner draws them (``SampleBatch.shuffle``), and the group learns
-    on them in one call (:meth:`~flowrl.workers.RolloutWorker.learn_minibatches`)."""
-    info: LearnerInfo = {}
-    for pid, part in batch.as_multi_agent().policy_batches.items():
-        if pid not in policies or part.count == 0:
-            continue
-        size = sgd_minibatch_size if 0 < sgd_minibatch_size < part.count else part.count
-        rng = rng_for(pid)
-        epochs = []
-        for _ in range(num_sgd_iter):
-            order = rng.permutation(part.count)
-            epochs.append([order[start:start + size] for start in range(0, part.count, size)])
-        single = part if isinstance(batch, SampleBatch) else MultiAgentBatch({pid: part}, part.count)
-        info.update(worker.learn_minibatches(single, [pid], epochs))
     return info
 
 
