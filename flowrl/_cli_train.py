@@ -421,8 +421,9 @@ def _train(algorithm: Algorithm, config: TrainerConfig, stop: StopCriteria, *, r
         click.echo(f"done ({reason}): no report finished; " + (f"the checkpoint is still {saved}" if saved else
                                                                "so there is no checkpoint"))
         return
+    evaluated = result.get("evaluation", {}).get("episode_reward_mean")
     shown = (f"return {result['episode_reward_mean']:.1f}" if "episode_reward_mean" in result
-             else "no episode finished")
+             else f"evaluation return {evaluated:.1f}" if evaluated is not None else "no episode finished")
     click.echo(f"done ({reason}): {shown} after {result['timesteps_total']} env steps and "
                f"{result['time_total_s']:.1f} s of training")
     click.echo(f"checkpoint: {saved}")

@@ -158,9 +158,10 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--config", "config_items", multiple=True, metavar="KEY=VALUE",
               help="Set a config field (repeatable): lr=3e-4, model.hidden_sizes=32,32, grad_clip=none.")
 @click.option("--stop-reward", type=float, callback=_finite_arg, help="Stop when episode_reward_mean reaches this.")
-@click.option("--stop-reward-from", type=click.Choice(["training", "evaluation"]), default="training",
-              show_default=True, help="Whose episode_reward_mean --stop-reward reads: the training episodes', or the "
-                                      "evaluation's (needs --config evaluation_interval=K).")
+@click.option("--stop-reward-from", type=click.Choice(["training", "evaluation"]),
+              help="Whose episode_reward_mean --stop-reward reads: the training episodes', or the evaluation's (needs "
+                   "--config evaluation_interval=K). Default: the evaluation's for a run that only reads a dataset "
+                   "(--input without input_mix: it has no training episodes), else the training episodes'.")
 @click.option("--stop-timesteps", type=click.IntRange(min=1), help="Stop at this many env steps in all.")
 @click.option("--stop-time", type=click.FloatRange(min=0, min_open=True), callback=_finite_arg,
               help="Stop after this many seconds of training in all; a report still running then is abandoned "
@@ -176,6 +177,12 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path),
               help="The run directory (default: runs/<algo>_<env>_<time>; on resume, the resumed run's).")
 @click.option("--seed", type=click.IntRange(min=0), help="The config's seed (same as --config seed=S).")
+@click.option("--input", "input_dir", metavar="DIR",
+              help="Learn from the experience recorded in DIR (by a run with --output DIR) instead of sampling the "
+                   "env (same as --config input=DIR); MARWIL and BC are made for it.")
+@click.option("--output", "output_dir", metavar="DIR",
+              help="Record every experience the workers sample into DIR as Parquet files of whole episodes (same as "
+                   "--config output=DIR).")
 @click.option("--address", callback=_address_arg,
               help="Join a Ray cluster ('auto' or 'host:port') instead of starting a local instance.")
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
@@ -190,8 +197,9 @@ def _check_resume_agrees(config: Any, overrides: Sequence[tuple[tuple[str, ...],
                    "breakpoint() in an env, a loss or an operator stops here. A resumed run runs on Ray "
                    "unless --local is given again.")
 def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward: float | None,
-          stop_reward_from: Literal["training", "evaluation"], stop_timesteps: int | None, stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None,
-          checkpoint_freq: int, resume: Path | None, log_dir: Path | None, seed: int | None,
+          stop_reward_from: Literal["training", "evaluation"] | None, stop_timesteps: int | None,
+          stop_time: float | None, stop_iters: int | None, checkpoint_dir: Path | None, checkpoint_freq: int,
+          resume: Path | None, log_dir: Path | None, seed: int | None, input_dir: str | None, output_dir: str | None,
           address: str | None, tuned: bool, trackers: tuple[str, ...], local: bool) -> None:
     """Train ALGO (a registered algorithm, see `flowrl algorithms`) until a stop criterion is met.
 
@@ -204,13 +212,15 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
     143; a full disk ends training with one line naming the path, the logs whole and the last checkpoint intact.
     """
     stop = StopCriteria(reward=stop_reward, timesteps=stop_timesteps, time_s=stop_time, iters=stop_iters,
-                        reward_from=stop_reward_from)
+                        reward_from=stop_reward_from or "training")
     if stop.empty:
         raise click.UsageError("give at least one stop criterion: --stop-reward R, --stop-timesteps N, "
                                "--stop-time S or --stop-iters N")
     algorithm = get_algorithm(algo)
     items = [*config_items, *([f"env={env}"] if env is not None else []),
-             *([f"seed={seed}"] if seed is not None else [])]
+             *([f"seed={seed}"] if seed is not None else []),
+             *([f"input={input_dir}"] if input_dir is not None else []),
+             *([f"output={output_dir}"] if output_dir is not None else [])]
     note = None
     if resume is None:
         items, note = _with_preset(algorithm, env, items, tuned=tuned)
@@ -220,6 +230,13 @@ def train(algo: str, env: str | None, config_items: tuple[str, ...], stop_reward
         raise click.UsageError("--local runs everything in this process; it cannot join a cluster: drop --local or "
                                "--address")
     config, checkpoint = _config_and_checkpoint(algorithm, items, resume)
+    if stop_reward_from is None and config.input is not None and config.input_mix is None:
+        stop_reward_from = "evaluation"  # a run that only reads a dataset has no training episodes
+        stop = dataclasses.replace(stop, reward_from=stop_reward_from)
+        if stop_reward is not None and not config.evaluation_interval:
+            raise click.BadParameter("a run that reads a dataset (--input) has no training episodes, so "
+                                     "--stop-reward reads the evaluation's reward, and this run does not evaluate: "
+                                     "add --config evaluation_interval=K", param_hint="'--stop-reward'")
     if stop_reward_from == "evaluation" and not config.evaluation_interval:
         raise click.BadParameter("the run does not evaluate: add --config evaluation_interval=K (evaluate every K "
                                  "iterations), or drop --stop-reward-from evaluation", param_hint="'--stop-reward-from'")

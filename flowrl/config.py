@@ -25,6 +25,7 @@ import numbers
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Mapping, TypeVar
 
 from flowrl._config_hints import Hint, config_field_types, field_hints
@@ -326,6 +327,24 @@ class RolloutConfig(PolicyConfig):
             first, a bundle of the resources each asks for, placed with that strategy (packed onto few nodes,
             spread over many, or strictly so), and fails within a minute, naming the bundles and the cluster's
             resources, when the cluster cannot hold it. A replaced worker takes its predecessor's bundle.
+        output: a directory (created if missing): every worker that samples records what it sampled there as
+            Parquet files of whole episodes (:mod:`flowrl.offline`): observations, actions, rewards, episode ends
+            and, for policies that sample from a distribution, each action's ``logp`` and ``action_prob`` for
+            off-policy estimation. The rows are the env's (before any algorithm's postprocessing; rewards after
+            ``clip_rewards``). ``None``: nothing is recorded.
+        output_compress_columns: recorded columns stored as one LZ4 block per row (image observations: ``("obs",
+            "new_obs")``); read back exactly.
+        output_max_file_bytes: a worker closes its file and starts the next once it holds about this many bytes.
+        input: where the plan's experience comes from instead of the env: a dataset recorded with ``output`` (a
+            directory, a Parquet file, or any path Ray Data reads), read by ``ParallelRollouts`` in items of the
+            size it would sample, each episode postprocessed by the learning policy, the rows shuffled. ``None``:
+            the workers sample the env.
+        input_mix: with ``input``, the fraction of items that come from the dataset, the rest sampled by the
+            workers (RLlib's mixed input); ``None``: all of them.
+        input_shuffle_rows: rows shuffled together before they are cut into items (a window over the dataset,
+            which is read in a new random file order every epoch); 1 keeps the recorded order.
+        input_epochs: passes over the dataset before the experience ends (and the run with it); ``None`` repeats
+            it for ever.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -351,6 +370,13 @@ class RolloutConfig(PolicyConfig):
     callbacks: str | type[Callbacks] | None = None
     custom_resources_per_worker: Mapping[str, float] | None = None
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = None
+    output: str | None = None
+    output_compress_columns: tuple[str, ...] = ()
+    output_max_file_bytes: int = bounded(64 * 2**20, ge=1, meaning="bytes per recorded file")
+    input: str | None = None
+    input_mix: float | None = bounded(None, gt=0, lt=1, meaning="the dataset's share of the items; None: all")
+    input_shuffle_rows: int = bounded(10_000, ge=1, meaning="rows shuffled together; 1 keeps the recorded order")
+    input_epochs: int | None = bounded(None, ge=1, meaning="passes over the dataset; None repeats it")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -384,6 +410,36 @@ class RolloutConfig(PolicyConfig):
         if self.batch_mode not in ("truncate_episodes", "complete_episodes"):
             raise ValueError(f"batch_mode={self.batch_mode!r}; use 'truncate_episodes' or 'complete_episodes'")
         self._check_placement()
+        self._check_offline()
+
+    def _check_offline(self) -> None:
+        """``output``/``input`` settings fit together (the dataset itself is checked when a plan reads it)."""
+        if self.output is not None or self.input is not None:
+            which = "output" if self.output is not None else "input"
+            if self.policies is not None:
+                raise ValueError(f"{which}={getattr(self, which)!r} with multi-agent policies: recorded experience "
+                                 f"is single-agent; drop {which} or the policies")
+            if self.observation_filter != "NoFilter":
+                raise ValueError(f"{which}={getattr(self, which)!r} with observation_filter="
+                                 f"{self.observation_filter!r}: the filter's statistics change as the run goes, so "
+                                 f"recorded observations would not match what a reader's policy sees; use "
+                                 f"observation_filter='NoFilter'")
+        if self.output is not None and self.input is not None and self.input_mix is None:
+            raise ValueError(f"output={self.output!r} with input={self.input!r}: nothing is sampled from the env to "
+                             f"record; drop output, or set input_mix to sample part of the experience")
+        if self.output is not None and self.input is not None and \
+                Path(self.output).expanduser().resolve() == Path(self.input).expanduser().resolve():
+            raise ValueError(f"output={self.output!r} and input={self.input!r} are one directory: the run would read "
+                             f"what it writes; record into another directory")
+        if self.input_mix is not None and self.input is None:
+            raise ValueError(f"input_mix={self.input_mix:g} without input: set input=DIR (a recorded dataset) to mix "
+                             f"its items with sampled ones, or drop input_mix")
+        from flowrl.sample_batch import NEXT_OBS, OBS
+        from flowrl.offline import RECORDED_COLUMNS
+        unknown = [c for c in self.output_compress_columns if c not in RECORDED_COLUMNS]
+        if unknown or isinstance(self.output_compress_columns, str):
+            raise ValueError(f"output_compress_columns={self.output_compress_columns!r}: name recorded columns "
+                             f"({list(RECORDED_COLUMNS)}), e.g. ({OBS!r}, {NEXT_OBS!r}) for image observations")
 
     def _check_placement(self) -> None:
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

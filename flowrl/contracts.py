@@ -126,6 +126,10 @@ class WorkerLike(Protocol):
         """Restores what :meth:`get_state` returned."""
         ...
 
+    def close_output(self) -> dict[str, Any]:
+        """Writes out and closes what the worker recorded (``config.output``); what was written."""
+        ...
+
 
 @runtime_checkable
 class ReplayWriter(Protocol):

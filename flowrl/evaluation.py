@@ -321,8 +321,9 @@ EVALUATION_SEED_OFFSET = 1_000
 
 
 def evaluation_config(config: TrainerConfig) -> TrainerConfig:
-    """The config of a run's evaluation workers: the run's, with ``evaluation_num_workers`` remote workers and
-    the seed moved by :data:`EVALUATION_SEED_OFFSET` (when the run is seeded).
+    """The config of a run's evaluation workers: the run's, with ``evaluation_num_workers`` remote workers,
+    the seed moved by :data:`EVALUATION_SEED_OFFSET` (when the run is seeded), and neither ``output`` nor ``input``
+    (evaluation episodes are not experience: nothing records them, and they step the env).
 
     Examples:
         >>> from flowrl.config import TrainerConfig
@@ -331,7 +332,8 @@ def evaluation_config(config: TrainerConfig) -> TrainerConfig:
         (1, 1003)
     """
     seed = None if config.seed is None else config.seed + EVALUATION_SEED_OFFSET
-    return dataclasses.replace(config, num_workers=config.evaluation_num_workers, seed=seed)
+    return dataclasses.replace(config, num_workers=config.evaluation_num_workers, seed=seed, output=None, input=None,
+                               input_mix=None)
 
 
 def merge_results(parts: Sequence[EvaluationResult]) -> EvaluationResult:

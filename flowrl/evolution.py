@@ -79,6 +79,10 @@ class EvolutionConfig(TrainerConfig):
         if self.model.use_lstm or self.model.conv_filters:
             raise ValueError(f"model: ES and ARS perturb MLP policies; got use_lstm={self.model.use_lstm}, "
                              f"conv_filters={self.model.conv_filters}; set use_lstm=False and conv_filters=None")
+        for name in ("output", "input"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}={getattr(self, name)!r}: ES and ARS evaluate perturbed policies by whole "
+                                 f"episodes and never sample experience to record or read; drop {name}")
 
     @property
     def actual_train_batch_size(self) -> int | None:

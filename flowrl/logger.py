@@ -439,7 +439,8 @@ def recorded_checkpoint_dir(run_dir: str | Path) -> Path | None:
 
 def learning_curve(run_dir: str | Path, *, target: float | None = None) -> Figure:
     """The learning-curve figure of ``run_dir/progress.csv``: ``episode_reward_mean`` against
-    ``timesteps_total``, the ``episode_reward_min``/``max`` band when present, one line per policy
+    ``timesteps_total``, the ``episode_reward_min``/``max`` band when present, the evaluation's return when the run
+    evaluates (the only return of a run that reads a dataset), one line per policy
     (``policy_reward_mean/<policy id>``) when the run has several policies, and a dashed line at the target
     return (``target``, else the one :func:`record_target` recorded). The legend sits outside the axes.
 
@@ -467,9 +468,11 @@ def learning_curve(run_dir: str | Path, *, target: float | None = None) -> Figur
         rows, columns = list(reader), list(reader.fieldnames or [])
     steps, mean = _column(rows, "timesteps_total"), _column(rows, "episode_reward_mean")
     finite = np.isfinite(steps) & np.isfinite(mean)
-    if not finite.any():
-        raise ValueError(f"{csv_path} has no row with both timesteps_total and episode_reward_mean yet; train "
-                         f"until an episode has finished")
+    evaluated = _column(rows, "evaluation/episode_reward_mean")
+    shown_evaluation = np.isfinite(steps) & np.isfinite(evaluated)
+    if not finite.any() and not shown_evaluation.any():
+        raise ValueError(f"{csv_path} has no row with both timesteps_total and episode_reward_mean (or "
+                         f"evaluation/episode_reward_mean) yet; train until an episode has finished")
     target = target if target is not None else _recorded_target(csv_path.parent)
     fig = Figure(figsize=(9, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
@@ -478,8 +481,12 @@ def learning_curve(run_dir: str | Path, *, target: float | None = None) -> Figur
     band = finite & np.isfinite(low) & np.isfinite(high)
     if band.any():
         ax.fill_between(steps[band], low[band], high[band], alpha=0.2, label="episode_reward_min/max")
-    marker = "." if finite.sum() < 30 else None
-    ax.plot(steps[finite], mean[finite], marker=marker, label="episode_reward_mean")
+    marker = "." if max(finite.sum(), shown_evaluation.sum()) < 30 else None
+    if finite.any():
+        ax.plot(steps[finite], mean[finite], marker=marker, label="episode_reward_mean")
+    if shown_evaluation.any():  # a run that evaluates; for one that reads a dataset, its only return
+        ax.plot(steps[shown_evaluation], evaluated[shown_evaluation], marker=marker, linewidth=1,
+                label="evaluation/episode_reward_mean")
     policies = [c for c in columns if c.startswith("policy_reward_mean/")]
     for column in policies if len(policies) > 1 else []:
         values = _column(rows, column)

@@ -23,7 +23,7 @@ from flowrl.validation import check_int
 
 __all__ = [
     "SampleBatch", "MultiAgentBatch", "AnyBatch", "DEFAULT_POLICY_ID",
-    "OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "LOGP", "ACTION_DIST_INPUTS",
+    "OBS", "NEXT_OBS", "ACTIONS", "REWARDS", "TERMINATEDS", "TRUNCATEDS", "LOGP", "ACTION_PROB", "ACTION_DIST_INPUTS",
     "VF_PREDS", "ADVANTAGES", "VALUE_TARGETS", "RETURNS", "EPS_ID", "ENV_ID", "AGENT_INDEX", "T",
     "WEIGHTS", "BATCH_INDEXES", "PRIORITIES", "TD_ERROR", "WEIGHTS_VERSION", "PACK_MAX_BYTES", "STATE_IN", "STATE_OUT",
     "PREV_ACTIONS", "PREV_REWARDS",
@@ -39,6 +39,9 @@ REWARDS = "rewards"
 TERMINATEDS = "terminateds"
 TRUNCATEDS = "truncateds"
 LOGP = "logp"
+ACTION_PROB = "action_prob"
+"""The probability (density, for continuous actions) of a row's action under the policy that took it,
+``exp(logp)``: recorded experiences carry it for off-policy estimation."""
 ACTION_DIST_INPUTS = "action_dist_inputs"
 VF_PREDS = "vf_preds"
 ADVANTAGES = "advantages"

@@ -221,10 +221,16 @@ class Trainer:
                                  f"num_gpus=0, or fake_gpus=True to run the multi-device path on the CPU")
 
     def _build_plan(self) -> LocalIterator[dict[str, Any]]:
+        self.workers.reads_input = False
         plan = self.algorithm.plan(self.workers, self.config, **getattr(self, "owned_state", {}))
         if not isinstance(plan, LocalIterator):
             raise TypeError(f"{self.algorithm.name} plan returned {type(plan).__name__}; a plan returns the "
                             f"LocalIterator of result dicts (end it with StandardMetricsReporting)")
+        if getattr(self.config, "input", None) is not None and not self.workers.reads_input:
+            plan.close()
+            raise ValueError(f"input={self.config.input!r}: the {self.algorithm.name} plan never reads a dataset (it "
+                             f"samples without ParallelRollouts(bulk_sync), where input is read); use a plan that "
+                             f"samples in lockstep (PG, A2C, PPO, DQN, SAC, MARWIL, BC, ...), or drop input")
         plan = with_evaluation(plan, self.workers, getattr(self, "evaluation_workers", None), self.config,
                                lambda: self.training_iteration + 1)
         try:

@@ -17,6 +17,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
@@ -36,6 +37,7 @@ from flowrl.envs import (EpisodeRecord, MultiAgentVectorEnv, PolicyMapping, Vect
 from flowrl.filters import MeanStdFilter, RunningStat, make_filter
 from flowrl.learner_group import LearnerGroup
 from flowrl.iter import ParallelIteratorWorker
+from flowrl.offline import OutputWriter
 from flowrl.policy import AgentStates, Policy, PrevInputs, flush_denormals, next_prev_inputs, restart_states
 from flowrl.sample_batch import (ACTIONS, AGENT_INDEX, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, NEXT_OBS, OBS, REWARDS,
                                  TERMINATEDS, TRUNCATEDS, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch, T)
@@ -51,6 +53,9 @@ OBS_FILTER_KEY = "__obs_filter__"
 PLACEMENT_TIMEOUT_S = 60.0
 
 R = TypeVar("R")
+
+
+logger = logging.getLogger(__name__)
 
 
 def unresponsive_actors(actors: Sequence[Any], timeout_s: float) -> list[int]:
@@ -402,7 +407,7 @@ class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
     def _sample_single_agent(self) -> SampleBatch:
         length = self.config.rollout_fragment_length
         if self.config.batch_mode == "truncate_episodes":
-            return self._postprocess(self._step_chunk(length))
+            return self._postprocess(self._record(self._step_chunk(length)))
         done: list[SampleBatch] = []
         while sum(b.count for b in done) < self.config.sample_size:
             for i, traj in enumerate(self._step_chunk(length)):
@@ -415,7 +420,33 @@ class RolloutWorker(ParallelIteratorWorker, CollectiveMember):
                     self._pending[i] = [joined[cut:]] if cut < joined.count else []
                 else:
                     self._pending[i] = [joined]
-        return self._postprocess(done)
+        return self._postprocess(self._record(done))
+
+    #: the writer of ``config.output``, made by the first sample (:mod:`flowrl.offline`)
+    output_writer: OutputWriter | None = None
+
+    def _record(self, trajectories: list[SampleBatch]) -> list[SampleBatch]:
+        """Hands a sample's raw trajectories to the output writer when the config sets ``output``; returns them."""
+        if self.config.output is not None:
+            if self.output_writer is None:
+                env = self.env
+                assert isinstance(env, VectorEnv)  # output is single-agent (RolloutConfig refuses it otherwise)
+                self.output_writer = OutputWriter(
+                    self.config.output, worker_index=self.worker_index, observation_space=env.observation_space,
+                    action_space=env.action_space, compress_columns=self.config.output_compress_columns,
+                    max_file_bytes=self.config.output_max_file_bytes)
+            self.output_writer.add(trajectories)
+        return trajectories
+
+    def close_output(self) -> dict[str, Any]:
+        """Writes every recorded episode (the running ones cut) and closes the output files; what was written:
+        ``{"rows": ..., "files": [...], "add_seconds": ...}`` (empty when nothing was recorded)."""
+        writer, self.output_writer = self.output_writer, None
+        if writer is None:
+            return {}
+        writer.close()
+        return {"rows": writer.rows_written, "files": [str(f) for f in writer.files],
+                "add_seconds": writer.add_seconds}
 
     def get_metrics(self) -> list[EpisodeRecord]:
         """The episodes finished since the last call, with ``policy_returns`` filled in."""
@@ -862,6 +893,23 @@ class WorkerSet:
             executor.get([self._remote[i].set_weights.remote(ref) for i in indices])
             self._outstanding, self._filter_deltas = [], []
 
+    #: whether a plan built over this set reads ``config.input`` (set by :func:`flowrl.ops.offline.ReadInput`; the
+    #: trainer refuses a plan that never does)
+    reads_input = False
+
+    def close_output(self, timeout_s: float = 60.0) -> None:
+        """Has every worker write out and close what it recorded (``config.output``); a worker that cannot (it died)
+        is logged, naming it, and the others still close."""
+        if self.config.output is None:
+            return
+        self._local.close_output()
+        for i, worker in enumerate(self._remote):
+            try:
+                executor.get(worker.close_output.remote(), timeout=timeout_s)
+            except Exception as error:  # a dead or hung worker: the others' files still close
+                logger.error("remote worker %d could not close its output files in %s (its last file may be "
+                             "unreadable; delete it before reading the directory): %r", i + 1, self.config.output, error)
+
     def remove_workers(self, indices: Sequence[int]) -> None:
         """Terminates those workers and drops them from the set."""
         for i in sorted(set(indices), reverse=True):
@@ -873,7 +921,8 @@ class WorkerSet:
         self._remote, self._outstanding, self._filter_deltas = list(new_remote_workers), [], []
 
     def stop(self) -> None:
-        """Terminates every remote worker and learner."""
+        """Closes the workers' output files (``config.output``), then terminates every remote worker and learner."""
+        self.close_output()
         for w in self._remote:
             executor.kill(w)
         self._remote, self._outstanding, self._filter_deltas = [], [], []

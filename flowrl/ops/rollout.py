@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from fractions import Fraction
 from typing import Any, Collection, Iterator, Literal, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ from flowrl.iter import LocalIterator, from_actors, get_shard_worker
 from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, GRAD_WAIT_TIMER, LEARNER_INFO, SAMPLE_TIMER,
                             STEPS_SAMPLED_COUNTER, MetricsBinding)
 from flowrl.ops._common import check_batch, check_int
+from flowrl.ops.offline import ReadInput
 from flowrl.sample_batch import DEFAULT_POLICY_ID, AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.sequences import pad_batch
 from flowrl.workers import WorkerSet
@@ -81,10 +83,16 @@ def ParallelRollouts(workers: WorkerSet, *, mode: Literal["bulk_sync", "async", 
     Calls ``workers.sync_weights()`` now, so every worker samples with the local weights. The driver waits at
     most ``workers.config.sample_timeout_s`` for each request to a remote worker (``"raw"``: not applied).
 
+    With ``input`` in the config the items come from that recorded dataset instead (:func:`~flowrl.ops.offline.
+    ReadInput`, items of the size this source would sample), or with ``input_mix`` a deterministic interleaving of
+    dataset and sampled items in that ratio; ``"bulk_sync"`` only, since the other modes hand each worker's own
+    samples (or the workers themselves) downstream.
+
     Metrics: ``num_steps_sampled``, ``num_agent_steps_sampled``.
 
     Raises:
-        ValueError: an unknown mode, ``num_async < 1``, or ``"raw"`` without remote workers.
+        ValueError: an unknown mode, ``num_async < 1``, ``"raw"`` without remote workers, ``input`` with a mode
+            other than ``"bulk_sync"``, or a dataset that does not fit (:func:`~flowrl.offline.open_dataset`).
         flowrl.iter.ShardTimeoutError: on a pull, a remote worker that delivered nothing within
             ``sample_timeout_s`` (its ``actor`` is the worker's handle).
 
@@ -97,6 +105,23 @@ def ParallelRollouts(workers: WorkerSet, *, mode: Literal["bulk_sync", "async", 
     if mode not in _MODES:
         raise ValueError(f"ParallelRollouts mode={mode!r}; use one of {list(_MODES)}")
     check_int("ParallelRollouts num_async", num_async, 1, "sample requests in flight per worker")
+    config = workers.config
+    if getattr(config, "input", None) is not None:
+        if mode != "bulk_sync":
+            raise ValueError(f"input={config.input!r}: this plan samples with ParallelRollouts(mode={mode!r}), which "
+                             f"hands each worker's own samples on; a dataset is read by plans that sample in lockstep "
+                             f"(PG, A2C, PPO, DQN, SAC, MARWIL, BC, ...): pick one of those, or drop input")
+        offline = ReadInput(workers)
+        if config.input_mix is None:
+            return offline
+        share = Fraction(config.input_mix).limit_denominator(20)
+        weights = [share.numerator, share.denominator - share.numerator]
+        return offline.union(_sampled(workers, mode, num_async), deterministic=True, round_robin_weights=weights)
+    return _sampled(workers, mode, num_async)
+
+
+def _sampled(workers: WorkerSet, mode: str, num_async: int) -> Any:
+    """``ParallelRollouts`` from the workers' envs."""
     remote = workers.remote_workers()
     if mode == "raw":
         if not remote:
@@ -159,8 +184,12 @@ def AsyncGradients(workers: WorkerSet) -> LocalIterator[tuple[Any, int]]:
     ``grad_wait``.
 
     Raises:
-        ValueError: the worker set has no remote workers.
+        ValueError: the worker set has no remote workers, or the config sets ``input``.
     """
+    if getattr(workers.config, "input", None) is not None:
+        raise ValueError(f"input={workers.config.input!r}: AsyncGradients computes each gradient on a worker's own "
+                         f"fresh sample (A3C), so a dataset has nowhere to go; use a plan that samples in lockstep "
+                         f"(A2C, PG, PPO, MARWIL, ...), or drop input")
     remote = workers.remote_workers()
     if not remote:
         raise ValueError("AsyncGradients needs remote workers (num_workers >= 1): gradients are computed on the "

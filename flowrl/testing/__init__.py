@@ -9,6 +9,8 @@
 - :mod:`flowrl.testing.sweeps`: a Ray Tune sweep killed part-way at a known point (tests of ``Tuner.restore``).
 - :mod:`flowrl.testing.envpool_stub`: a stand-in for EnvPool's API (tests of ``vector_backend="envpool"`` where
   EnvPool, an optional extra, is not installed).
+- :mod:`flowrl.testing.offline`: recorded datasets written as rollout workers write them (``record_fake_episodes``,
+  ``fake_episode``), loaded on first use.
 - ``TinyPGPolicy``: a small torch policy for tests and examples (REINFORCE, :class:`flowrl.algorithms.pg.PGPolicy`),
   loaded on first use so that importing this package stays free of torch.
 
@@ -29,11 +31,14 @@ from flowrl.testing.runs import FakeTrainerConfig, make_fake_trainer, tb_scalars
 
 __all__ = ["iter_list", "plan_lines", "fake_batch", "FakeConfig", "FakePolicy", "FakeWorker", "make_fake_workers",
            "TinyPGPolicy", "WEIGHTS_VERSION", "WORKER_INDEX", "SAMPLE_INDEX", "FakeTrainerConfig", "make_fake_trainer",
-           "tiny_pg_plan", "tb_scalars", "wandb_offline_history"]
+           "tiny_pg_plan", "tb_scalars", "wandb_offline_history", "record_fake_episodes", "fake_episode"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "TinyPGPolicy":  # lazily: it imports torch, which the fakes must not
         from flowrl.algorithms.pg import PGPolicy
         return PGPolicy
+    if name in ("record_fake_episodes", "fake_episode"):  # lazily: flowrl.offline imports torch (through spaces)
+        from flowrl.testing import offline
+        return getattr(offline, name)
     raise AttributeError(f"module 'flowrl.testing' has no attribute {name!r}")

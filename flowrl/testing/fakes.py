@@ -239,6 +239,9 @@ class FakeWorker(ParallelIteratorWorker):
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.versions, self.sample_calls = dict(state["versions"]), int(state["sample_calls"])
 
+    def close_output(self) -> dict[str, Any]:
+        return {}  # a fake worker records nothing
+
     def get_record(self) -> dict[str, Any]:
         """What this worker was asked to do: ``sample_calls``, ``versions``, ``set_weights_calls``,
         ``global_vars``, ``learn_calls``, ``applied_gradients``."""
