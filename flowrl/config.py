@@ -345,6 +345,10 @@ class RolloutConfig(PolicyConfig):
             which is read in a new random file order every epoch); 1 keeps the recorded order.
         input_epochs: passes over the dataset before the experience ends (and the run with it); ``None`` repeats
             it for ever.
+        off_policy_estimation: with ``input`` whose data holds the behaviour policy's ``logp``, every report
+            estimates the learning policy's return on the last 100 episodes read, without running it
+            (:func:`flowrl.offline.off_policy_estimates`: ``"is"``, ``"wis"``), under
+            ``result["off_policy_estimation"]``; ``()``: none.
     """
 
     env: EnvSpec = "CartPole-v1"
@@ -377,6 +381,7 @@ class RolloutConfig(PolicyConfig):
     input_mix: float | None = bounded(None, gt=0, lt=1, meaning="the dataset's share of the items; None: all")
     input_shuffle_rows: int = bounded(10_000, ge=1, meaning="rows shuffled together; 1 keeps the recorded order")
     input_epochs: int | None = bounded(None, ge=1, meaning="passes over the dataset; None repeats it")
+    off_policy_estimation: tuple[str, ...] = ("is", "wis")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -435,7 +440,10 @@ class RolloutConfig(PolicyConfig):
             raise ValueError(f"input_mix={self.input_mix:g} without input: set input=DIR (a recorded dataset) to mix "
                              f"its items with sampled ones, or drop input_mix")
         from flowrl.sample_batch import NEXT_OBS, OBS
-        from flowrl.offline import RECORDED_COLUMNS
+        from flowrl.offline import ESTIMATORS, RECORDED_COLUMNS
+        if isinstance(self.off_policy_estimation, str) or set(self.off_policy_estimation) - set(ESTIMATORS):
+            raise ValueError(f"off_policy_estimation={self.off_policy_estimation!r}: name estimators from "
+                             f"{list(ESTIMATORS)}, e.g. ('is', 'wis'), or () for none")
         unknown = [c for c in self.output_compress_columns if c not in RECORDED_COLUMNS]
         if unknown or isinstance(self.output_compress_columns, str):
             raise ValueError(f"output_compress_columns={self.output_compress_columns!r}: name recorded columns "

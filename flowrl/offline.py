@@ -66,7 +66,7 @@ from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTION_PROB, ACTIONS, ENV_I
                                  REWARDS, TERMINATEDS, TRUNCATEDS, T, SampleBatch)
 
 __all__ = ["RECORDED_COLUMNS", "METADATA_KEY", "OutputWriter", "RecordedDataset", "open_dataset", "read_blocks",
-           "read_episodes"]
+           "read_episodes", "ESTIMATORS", "off_policy_estimates"]
 
 logger = logging.getLogger(__name__)
 
@@ -526,3 +526,65 @@ def read_episodes(dataset: RecordedDataset, *, executor: Literal["ray", "local"]
             yield last
     if carry is not None:
         yield carry
+
+
+# -- off-policy estimation -------------------------------------------------------------------------
+
+#: the estimators :func:`off_policy_estimates` computes: per-decision importance sampling and its weighted form
+ESTIMATORS = ("is", "wis")
+
+
+def off_policy_estimates(episodes: Sequence[SampleBatch], target_logp: Sequence[np.ndarray], *, gamma: float,
+                         estimators: Collection[str] = ESTIMATORS) -> dict[str, dict[str, float]]:
+    """How well a target policy would do on recorded episodes, from the behaviour policy's action probabilities
+    (``logp``) and the target's (``target_logp``, one array per episode), without running it.
+
+    Per step ``t`` of an episode, ``p_t`` is the product of the ratios ``pi(a_i|s_i) / mu(a_i|s_i)`` up to ``t``.
+    ``"is"`` (per-decision importance sampling, Precup et al. 2000) estimates the target's discounted return as
+    the mean over episodes of ``sum_t gamma^t p_t r_t``; ``"wis"`` (weighted) divides each ``p_t`` by the mean of
+    ``p_t`` over the episodes that reach step ``t`` (biased, far lower variance). Each estimator reports
+    ``v_behaviour`` (the mean discounted return recorded), ``v_target`` and ``v_gain = v_target / v_behaviour``.
+
+    Examples:
+        >>> from flowrl.testing import fake_episode
+        >>> episodes = [fake_episode(0, 3), fake_episode(1, 2)]  # behaviour: every action with probability 0.5
+        >>> same = [e[LOGP] for e in episodes]  # the target is the behaviour policy: nothing to correct
+        >>> {k: round(v, 4) for k, v in off_policy_estimates(episodes, same, gamma=1.0)["is"].items()}
+        {'v_behaviour': 2.5, 'v_target': 2.5, 'v_gain': 1.0}
+        >>> always = [np.log(np.where(e[ACTIONS] == 1, 1.0, 1e-9)) for e in episodes]  # takes action 1 only
+        >>> round(off_policy_estimates(episodes, always, gamma=1.0)["is"]["v_target"], 4)  # actions 0,1,0 / 0,1
+        0.0
+    """
+    unknown = sorted(set(estimators) - set(ESTIMATORS))
+    if unknown:
+        raise ValueError(f"unknown off-policy estimators {unknown}; use some of {list(ESTIMATORS)}")
+    if len(episodes) != len(target_logp) or not episodes:
+        raise ValueError(f"off_policy_estimates needs one target logp array per episode (>= 1 episode); got "
+                         f"{len(episodes)} episodes and {len(target_logp)} arrays")
+    cumulative, discounted = [], []
+    for episode, logp in zip(episodes, target_logp):
+        ratios = np.exp(np.asarray(logp, np.float64) - np.asarray(episode[LOGP], np.float64))
+        cumulative.append(np.cumprod(ratios))
+        discounted.append(np.asarray(episode[REWARDS], np.float64) * gamma ** np.arange(episode.count))
+    v_behaviour = float(np.mean([d.sum() for d in discounted]))
+    out: dict[str, dict[str, float]] = {}
+    if "is" in estimators:
+        v_target = float(np.mean([(p * d).sum() for p, d in zip(cumulative, discounted)]))
+        out["is"] = _estimate(v_behaviour, v_target)
+    if "wis" in estimators:
+        longest = max(len(p) for p in cumulative)
+        sums, counts = np.zeros(longest), np.zeros(longest)
+        for p in cumulative:
+            sums[:len(p)] += p
+            counts[:len(p)] += 1
+        mean_weight = sums / counts
+        normalized = [np.divide(p, mean_weight[:len(p)], out=np.zeros_like(p), where=mean_weight[:len(p)] > 0)
+                      for p in cumulative]
+        v_target = float(np.mean([(w * d).sum() for w, d in zip(normalized, discounted)]))
+        out["wis"] = _estimate(v_behaviour, v_target)
+    return out
+
+
+def _estimate(v_behaviour: float, v_target: float) -> dict[str, float]:
+    return {"v_behaviour": v_behaviour, "v_target": v_target,
+            "v_gain": v_target / v_behaviour if v_behaviour != 0 else float("nan")}

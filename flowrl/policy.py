@@ -24,8 +24,8 @@ import torch
 
 from flowrl.collective import Collective
 from flowrl.config import PolicyConfig
-from flowrl.models import (ActionDistribution, NumpyActing, NumpyRecurrent, RecurrentActorCritic, dist_class_for,
-                           encode_prev_actions, make_model)
+from flowrl.models import (ActionDistribution, ActorCriticModel, NumpyActing, NumpyRecurrent, RecurrentActorCritic,
+                           dist_class_for, encode_prev_actions, make_model)
 from flowrl.postprocessing import add_advantages
 from flowrl.sample_batch import (ACTION_DIST_INPUTS, ACTIONS, LOGP, NEXT_OBS, OBS, PREV_ACTIONS, PREV_REWARDS, REWARDS,
                                  STATE_IN, STATE_OUT, VF_PREDS, SampleBatch)
@@ -659,6 +659,16 @@ class Policy:
         actions = fast.sample(dist_inputs, self.act_random, True)
         extras = {VF_PREDS: values, ACTION_DIST_INPUTS: dist_inputs}
         return actions, self._recurrent_extras(extras, state, new_state, prev), new_state
+
+    @torch.no_grad()
+    def action_log_likelihoods(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray | None:
+        """``log pi(actions | obs)`` under the policy's (exploring) action distribution, one per row, or ``None``
+        for a model that has no such distribution (Q-networks, deterministic actors, recurrent models), which
+        off-policy estimation then skips."""
+        if not isinstance(self.model, ActorCriticModel):
+            return None
+        dist = self.dist_class(self.model(self._obs_tensor(obs))[0])
+        return dist.logp(torch.as_tensor(actions, device=self.device)).cpu().numpy()
 
     @torch.no_grad()
     def value(self, obs: np.ndarray) -> np.ndarray:

@@ -45,6 +45,7 @@ from flowrl.config import TrainerConfig, config_from_data, config_to_data
 from flowrl.evaluation import evaluation_config, with_evaluation
 from flowrl.iter import LocalIterator, ShardTimeoutError
 from flowrl.metrics import NUM_REPLAY_SHARDS_RECREATED
+from flowrl.ops.offline import EstimateOffPolicy
 from flowrl.policy import Policy
 from flowrl.sample_batch import DEFAULT_POLICY_ID
 from flowrl.workers import WorkerSet
@@ -221,7 +222,7 @@ class Trainer:
                                  f"num_gpus=0, or fake_gpus=True to run the multi-device path on the CPU")
 
     def _build_plan(self) -> LocalIterator[dict[str, Any]]:
-        self.workers.reads_input = False
+        self.workers.reads_input, self.workers.input_episodes = False, None
         plan = self.algorithm.plan(self.workers, self.config, **getattr(self, "owned_state", {}))
         if not isinstance(plan, LocalIterator):
             raise TypeError(f"{self.algorithm.name} plan returned {type(plan).__name__}; a plan returns the "
@@ -233,6 +234,8 @@ class Trainer:
                              f"samples in lockstep (PG, A2C, PPO, DQN, SAC, MARWIL, BC, ...), or drop input")
         plan = with_evaluation(plan, self.workers, getattr(self, "evaluation_workers", None), self.config,
                                lambda: self.training_iteration + 1)
+        if self.workers.input_episodes is not None:  # a dataset with the behaviour policy's logp
+            plan = plan.for_each(EstimateOffPolicy(self.workers, self.config.off_policy_estimation, self.config.gamma))
         try:
             plan.validate()  # before the first pull: a malformed plan fails here, with the fix
         except ValueError:

@@ -896,6 +896,9 @@ class WorkerSet:
     #: whether a plan built over this set reads ``config.input`` (set by :func:`flowrl.ops.offline.ReadInput`; the
     #: trainer refuses a plan that never does)
     reads_input = False
+    #: the last episodes that plan read (:class:`flowrl.ops.offline.RecentEpisodes`), when their data lets the trainer
+    #: estimate the policy off-policy; ``None`` otherwise
+    input_episodes: Any = None
 
     def close_output(self, timeout_s: float = 60.0) -> None:
         """Has every worker write out and close what it recorded (``config.output``); a worker that cannot (it died)

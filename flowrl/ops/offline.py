@@ -18,20 +18,21 @@ Examples:
 
 from __future__ import annotations
 
+import collections
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from flowrl.iter import LocalIterator
 from flowrl.metrics import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER, MetricsBinding
-from flowrl.offline import RecordedDataset, open_dataset, read_episodes
+from flowrl.offline import RecordedDataset, off_policy_estimates, open_dataset, read_episodes
 from flowrl.ops._common import check_batch, check_int
 from flowrl.policy import Policy
-from flowrl.sample_batch import ACTIONS, EPS_ID, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
+from flowrl.sample_batch import ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
 from flowrl.workers import WorkerSet
 
-__all__ = ["ReadInput", "INPUT_COLUMNS"]
+__all__ = ["ReadInput", "INPUT_COLUMNS", "RecentEpisodes", "EstimateOffPolicy"]
 
 #: the columns every dataset read as input must have; a policy adds its own (``Policy.offline_columns``)
 INPUT_COLUMNS = (EPS_ID, OBS, ACTIONS, REWARDS, TERMINATEDS, TRUNCATEDS)
@@ -58,8 +59,26 @@ def _postprocessed(policy: Any, episode: SampleBatch) -> SampleBatch:
     return policy.postprocess_trajectory(episode)  # type: ignore[no-any-return]
 
 
+class RecentEpisodes:
+    """The last whole episodes a ``ReadInput`` source read (at most ``max_episodes`` and ``max_rows``), as recorded:
+    what :class:`EstimateOffPolicy` estimates on."""
+
+    def __init__(self, max_episodes: int = 100, max_rows: int = 50_000) -> None:
+        self.max_episodes, self.max_rows = max_episodes, max_rows
+        self.episodes: collections.deque[SampleBatch] = collections.deque()
+        self._rows = 0
+
+    def add(self, episode: SampleBatch) -> None:
+        if not (episode[TERMINATEDS][-1] or episode[TRUNCATEDS][-1]):
+            return  # a cut episode has no return to estimate
+        self.episodes.append(episode)
+        self._rows += episode.count
+        while len(self.episodes) > self.max_episodes or (self._rows > self.max_rows and len(self.episodes) > 1):
+            self._rows -= self.episodes.popleft().count
+
+
 def _items(dataset: RecordedDataset, policy: Any, *, item_size: int, shuffle_rows: int, epochs: int | None,
-           seed: int | None, executor: Any) -> Iterator[SampleBatch]:
+           seed: int | None, executor: Any, recent: RecentEpisodes | None = None) -> Iterator[SampleBatch]:
     """Items of ``item_size`` rows: episodes read in a random file order each epoch, postprocessed, and shuffled
     ``shuffle_rows`` at a time (the last item of a finite read may be shorter)."""
     rng = np.random.default_rng(seed)
@@ -80,6 +99,8 @@ def _items(dataset: RecordedDataset, policy: Any, *, item_size: int, shuffle_row
     while epochs is None or epoch < epochs:
         files = [str(f) for f in rng.permutation(dataset.files)] if shuffle_rows > 1 else list(dataset.files)
         for episode in read_episodes(dataset, executor=executor, files=files):
+            if recent is not None:
+                recent.add(episode)
             pending.append(_postprocessed(policy, episode))
             rows += episode.count
             if rows >= max(shuffle_rows, item_size):
@@ -97,7 +118,9 @@ def ReadInput(workers: WorkerSet, *, item_size: int | None = None) -> LocalItera
     The dataset's footers are read and checked now (files, columns, the env's spaces); its rows then stream block by
     block as the plan pulls: each epoch reads the files in a new random order (seeded by the config's ``seed``),
     postprocesses each episode with the local worker's policy and shuffles ``input_shuffle_rows`` rows at a time;
-    after ``input_epochs`` passes the stream ends (``None``: never).
+    after ``input_epochs`` passes the stream ends (``None``: never). When the data holds the behaviour policy's
+    ``logp``, the last episodes read are kept in ``workers.input_episodes`` (:class:`RecentEpisodes`) for
+    :class:`EstimateOffPolicy`.
 
     Metrics: ``num_steps_sampled``, ``num_agent_steps_sampled``.
 
@@ -117,8 +140,11 @@ def ReadInput(workers: WorkerSet, *, item_size: int | None = None) -> LocalItera
                            observation_space=getattr(policy, "observation_space", None),
                            action_space=getattr(policy, "action_space", None))
     workers.reads_input = True
+    estimable = LOGP in dataset.row_shapes and bool(getattr(config, "off_policy_estimation", ()))
+    recent = workers.input_episodes = RecentEpisodes() if estimable else None
     stream = _Stream(lambda: _items(dataset, policy, item_size=size, shuffle_rows=config.input_shuffle_rows,
-                                    epochs=config.input_epochs, seed=config.seed, executor=config.executor))
+                                    epochs=config.input_epochs, seed=config.seed, executor=config.executor,
+                                    recent=recent))
     return (LocalIterator.from_iterable(stream, name=f"ReadInput({size} rows)")
             .for_each(_ReportRead())
             .named(f"ReadInput({size} rows)")
@@ -140,3 +166,34 @@ class _Stream:
     def close(self) -> None:
         for generator in list(self._live):
             generator.close()
+
+
+class EstimateOffPolicy:
+    """Adds ``result["off_policy_estimation"]`` to each report: the config's estimators
+    (:func:`flowrl.offline.off_policy_estimates`) of the local policy's return on the last episodes ``ReadInput``
+    read (``workers.input_episodes``), and ``num_episodes``; nothing while no episode has been read, or for a policy
+    whose actions have no likelihood (:meth:`flowrl.policy.Policy.action_log_likelihoods` is ``None``).
+
+    Consumes and emits result dicts (the trainer attaches it after the reporting stage of a plan that reads input).
+    """
+
+    def __init__(self, workers: WorkerSet, estimators: Sequence[str], gamma: float) -> None:
+        self.workers, self.estimators, self.gamma = workers, tuple(estimators), gamma
+
+    def __call__(self, result: dict[str, Any]) -> dict[str, Any]:
+        recent = getattr(self.workers, "input_episodes", None)
+        if recent is None or not recent.episodes:
+            return result
+        likelihoods = getattr(self.workers.local_worker().get_policy(), "action_log_likelihoods", None)
+        episodes = list(recent.episodes)
+        target = [likelihoods(e[OBS], e[ACTIONS]) for e in episodes] if likelihoods is not None else [None]
+        known = [t for t in target if t is not None]
+        if len(known) < len(target):
+            return result
+        estimates: dict[str, Any] = dict(off_policy_estimates(episodes, known, gamma=self.gamma,
+                                                              estimators=self.estimators))
+        estimates["num_episodes"] = len(episodes)
+        return {**result, "off_policy_estimation": estimates}
+
+    def __repr__(self) -> str:
+        return f"EstimateOffPolicy({', '.join(self.estimators)})"
