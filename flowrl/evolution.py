@@ -75,14 +75,14 @@ class EvolutionConfig(TrainerConfig):
         if self.policies is not None:  # before the parent's checks, which would ask for a multi-agent filter
             raise ValueError("policies: ES and ARS train one policy; leave policies=None (multi-agent evolution "
                              "strategies are not supported)")
-        super().__post_init__()
-        if self.model.use_lstm or self.model.conv_filters:
-            raise ValueError(f"model: ES and ARS perturb MLP policies; got use_lstm={self.model.use_lstm}, "
-                             f"conv_filters={self.model.conv_filters}; set use_lstm=False and conv_filters=None")
         for name in ("output", "input"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name}={getattr(self, name)!r}: ES and ARS evaluate perturbed policies by whole "
                                  f"episodes and never sample experience to record or read; drop {name}")
+        super().__post_init__()
+        if self.model.use_lstm or self.model.conv_filters:
+            raise ValueError(f"model: ES and ARS perturb MLP policies; got use_lstm={self.model.use_lstm}, "
+                             f"conv_filters={self.model.conv_filters}; set use_lstm=False and conv_filters=None")
 
     @property
     def actual_train_batch_size(self) -> int | None:

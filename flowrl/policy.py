@@ -667,8 +667,8 @@ class Policy:
         off-policy estimation then skips."""
         if not isinstance(self.model, ActorCriticModel):
             return None
-        dist = self.dist_class(self.model(self._obs_tensor(obs))[0])
-        return dist.logp(torch.as_tensor(actions, device=self.device)).cpu().numpy()
+        dist = self.dist_class(self.model(column_tensor(np.asarray(obs), self.device))[0])
+        return dist.logp(column_tensor(np.asarray(actions), self.device)).cpu().numpy()
 
     @torch.no_grad()
     def value(self, obs: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@
 - :mod:`flowrl.testing.envpool_stub`: a stand-in for EnvPool's API (tests of ``vector_backend="envpool"`` where
   EnvPool, an optional extra, is not installed).
 - :mod:`flowrl.testing.offline`: recorded datasets written as rollout workers write them (``record_fake_episodes``,
-  ``fake_episode``), loaded on first use.
+  ``fake_episode``, ``record_cartpole_controller``), loaded on first use.
 - ``TinyPGPolicy``: a small torch policy for tests and examples (REINFORCE, :class:`flowrl.algorithms.pg.PGPolicy`),
   loaded on first use so that importing this package stays free of torch.
 
@@ -31,14 +31,15 @@ from flowrl.testing.runs import FakeTrainerConfig, make_fake_trainer, tb_scalars
 
 __all__ = ["iter_list", "plan_lines", "fake_batch", "FakeConfig", "FakePolicy", "FakeWorker", "make_fake_workers",
            "TinyPGPolicy", "WEIGHTS_VERSION", "WORKER_INDEX", "SAMPLE_INDEX", "FakeTrainerConfig", "make_fake_trainer",
-           "tiny_pg_plan", "tb_scalars", "wandb_offline_history", "record_fake_episodes", "fake_episode"]
+           "tiny_pg_plan", "tb_scalars", "wandb_offline_history", "record_fake_episodes", "fake_episode",
+           "record_cartpole_controller"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "TinyPGPolicy":  # lazily: it imports torch, which the fakes must not
         from flowrl.algorithms.pg import PGPolicy
         return PGPolicy
-    if name in ("record_fake_episodes", "fake_episode"):  # lazily: flowrl.offline imports torch (through spaces)
+    if name in ("record_fake_episodes", "fake_episode", "record_cartpole_controller"):  # lazily: flowrl.offline imports torch (through spaces)
         from flowrl.testing import offline
         return getattr(offline, name)
     raise AttributeError(f"module 'flowrl.testing' has no attribute {name!r}")
