@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -60,7 +61,7 @@ def record_cartpole_controller(directory: str | Path, *, steps: int, epsilon: fl
     rng, recorded, eps_id = np.random.default_rng(seed), 0, 0
     while recorded < steps:
         obs, _ = env.reset(seed=int(rng.integers(2**31)))
-        rows: dict[str, list] = {k: [] for k in (OBS, ACTIONS, REWARDS, TERMINATEDS, TRUNCATEDS, NEXT_OBS, LOGP)}
+        rows: dict[str, list[Any]] = {k: [] for k in (OBS, ACTIONS, REWARDS, TERMINATEDS, TRUNCATEDS, NEXT_OBS, LOGP)}
         done = False
         while not done:
             greedy = int(obs[2] + obs[3] > 0)
