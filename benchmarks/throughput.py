@@ -63,8 +63,11 @@ def _default_env(name: str) -> Any:
 
 # Every registered algorithm (flowrl.algorithms.ALGORITHMS, in its order) for CartPole's discrete actions: not the
 # two-policy composition, which needs a multi-agent env, nor those for continuous actions (SAC, DDPG, ...: their
-# config's default env is not CartPole-v1; benchmarks/sac_pendulum.py benchmarks SAC).
-ALGOS = tuple(name for name in ALGORITHMS if name != "multiagent" and _default_env(name) == "CartPole-v1")
+# config's default env is not CartPole-v1; benchmarks/sac_pendulum.py benchmarks SAC), nor those made to learn from
+# a recorded dataset (benchmarks/offline.py measures MARWIL, BC and CQL on the datasets it records).
+OFFLINE = ("marwil", "bc", "cql", "cql_dqn")
+ALGOS = tuple(name for name in ALGORITHMS
+              if name != "multiagent" and name not in OFFLINE and _default_env(name) == "CartPole-v1")
 LEARNER_METHODS = ("learn_on_batch", "compute_gradients", "apply_gradients")
 MEDIAN_KEYS = ("env_steps_per_s_sampled", "env_steps_per_s_trained", "learner_utilisation",
                "learner_utilisation_from_timer")

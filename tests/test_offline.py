@@ -329,3 +329,50 @@ def test_the_cli_records_with_output_and_learns_with_input(tmp_path: Path) -> No
                                         "--stop-iters", "1", "--log-dir", str(tmp_path / "marwil")])
     assert learned.exit_code == 0, learned.output
     assert "evaluation return" in learned.output and (tmp_path / "marwil" / "learning_curve.png").exists()
+
+
+def pendulum_episodes(directory: Path, episodes: int) -> str:
+    """Random-action Pendulum-v1 episodes recorded by a worker (SAC's policy, untrained)."""
+    from flowrl.algorithms.sac import SACConfig, SACPolicy
+
+    worker = RolloutWorker(policy_class=SACPolicy, config=SACConfig(seed=0, output=str(directory),
+                                                                   rollout_fragment_length=200))
+    for _ in range(episodes):
+        worker.sample()
+    worker.close_output()
+    return str(directory)
+
+
+def test_cql_trains_on_a_recorded_dataset_and_reports(tmp_path: Path) -> None:
+    from flowrl.algorithms.cql import CQLConfig
+
+    data = pendulum_episodes(tmp_path, 3)
+    config = CQLConfig(input=data, seed=0, executor="local", learning_starts=200, timesteps_per_iteration=200,
+                       evaluation_duration=1, bc_iters=2, actor_hiddens=(32,), critic_hiddens=(32,))
+    trainer = Trainer("cql", config)
+    try:
+        results = [trainer.train() for _ in range(2)]
+    finally:
+        trainer.stop()
+    stats = results[-1]["info"]["learner"]["default_policy"]["learner_stats"]
+    assert stats["cql_penalty"] == stats["cql_penalty"] and "evaluation" in results[-1]  # finite, evaluated
+    assert results[-1]["info"]["num_steps_trained"] >= 200 * 256
+
+
+def test_cql_dqn_trains_on_a_recorded_dataset_and_each_refuses_the_other_action_space(tmp_path: Path) -> None:
+    from flowrl.algorithms.cql import CQLConfig
+    from flowrl.algorithms.cql_dqn import CQLDQNConfig
+    from flowrl.testing import record_cartpole_controller
+
+    data = record_cartpole_controller(tmp_path / "cartpole", steps=2000, epsilon=0.3)
+    trainer = Trainer("cql_dqn", CQLDQNConfig(input=data, seed=0, executor="local", learning_starts=500,
+                                              timesteps_per_iteration=500, evaluation_duration=1))
+    try:
+        result = trainer.train()
+    finally:
+        trainer.stop()
+    assert result["info"]["learner"]["default_policy"]["learner_stats"]["cql_penalty"] > 0
+    with pytest.raises(ValueError, match="use cql_dqn for discrete actions"):
+        Trainer("cql", CQLConfig(env="CartPole-v1", input=data, seed=0, executor="local"))
+    with pytest.raises(ValueError, match="use cql .*for continuous actions"):
+        Trainer("cql_dqn", CQLDQNConfig(env="Pendulum-v1", seed=0, executor="local"))

@@ -10,11 +10,11 @@ the config, ``plan``, the state the trainer owns (``make_owned_state``), the pol
 
 Examples:
     >>> sorted(ALGORITHMS)
-    ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ars', 'bc', 'ddpg', 'ddppo', 'dqn', 'es', 'impala', 'maml', 'marwil', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
+    ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ars', 'bc', 'cql', 'cql_dqn', 'ddpg', 'ddppo', 'dqn', 'es', 'impala', 'maml', 'marwil', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
     >>> get_algorithm("dreamer")
     Traceback (most recent call last):
     ...
-    ValueError: unknown algorithm 'dreamer'; flowrl has ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ars', 'bc', 'ddpg', 'ddppo', 'dqn', 'es', 'impala', 'maml', 'marwil', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
+    ValueError: unknown algorithm 'dreamer'; flowrl has ['a2c', 'a3c', 'apex', 'apex_ddpg', 'appo', 'ars', 'bc', 'cql', 'cql_dqn', 'ddpg', 'ddppo', 'dqn', 'es', 'impala', 'maml', 'marwil', 'multiagent', 'pg', 'ppo', 'r2d2', 'sac', 'td3']
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, A
         >>> import tempfile
         >>> from flowrl.testing import record_fake_episodes
         >>> data = record_fake_episodes(tempfile.mkdtemp(), episodes=20, length=50)
-        >>> config = MARWILConfig(input=data, train_batch_size=200, evaluation_interval=0, executor="local", seed=0)
+        >>> config = MARWILConfig(input=data, train_batch_size=200, timesteps_per_iteration=0, evaluation_interval=0,
+        ...                       executor="local", seed=0)
         >>> it = plan(WorkerSet(policy_class=MARWILPolicy, config=config), config)
         >>> it
         LocalIterator[ReadInput(200 rows).combine(ConcatBatches(200)).for_each(TrainOneStep)...]
@@ -106,7 +107,7 @@ class MARWILPolicy(Policy):
     cut before its episode ended counts the cut as zero-valued). ``loss`` computes ``A = returns - V(obs)``, moves
     the running mean of squared advantages ``c^2`` toward the batch's, and returns the weighted negative
     log-likelihood plus ``vf_coeff`` times the value loss; with ``beta = 0`` only the negative log-likelihood.
-    ``c^2`` is learned state: it travels in :meth:`get_state`.
+    ``c^2`` is learned state: it moves only with a step that is applied, and travels in :meth:`get_state`.
 
     Examples:
         >>> import numpy as np
@@ -129,6 +130,7 @@ class MARWILPolicy(Policy):
     def __init__(self, observation_space: gym.Space[Any], action_space: gym.Space[Any], config: MARWILConfig) -> None:
         super().__init__(observation_space, action_space, config)
         self.ma_sqd_adv_norm = float(config.moving_average_sqd_adv_norm_start)
+        self._next_ma_sqd_adv_norm: float | None = None  # what the step in progress moves it to
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         batch[RETURNS] = discounted_returns(rewards=batch[REWARDS], terminateds=batch[TERMINATEDS],
@@ -147,15 +149,25 @@ class MARWILPolicy(Policy):
             return policy_loss, {"policy_loss": float(policy_loss.detach())}
         advantages = batch[RETURNS] - values
         squared = float(advantages.detach().pow(2).mean())
-        self.ma_sqd_adv_norm += self.config.moving_average_sqd_adv_norm_update_rate * (squared - self.ma_sqd_adv_norm)
-        weights = torch.exp(self.config.beta * advantages.detach() / (1e-8 + math.sqrt(self.ma_sqd_adv_norm)))
+        rate = self.config.moving_average_sqd_adv_norm_update_rate
+        self._next_ma_sqd_adv_norm = self.ma_sqd_adv_norm + rate * (squared - self.ma_sqd_adv_norm)
+        weights = torch.exp(self.config.beta * advantages.detach() / (1e-8 + math.sqrt(self._next_ma_sqd_adv_norm)))
         policy_loss = -(weights * logp).mean()
         vf_loss = 0.5 * advantages.pow(2).mean()
         variance = float(batch[RETURNS].var()) if len(batch[RETURNS]) > 1 else 0.0
         explained = 1.0 - float((batch[RETURNS] - values.detach()).var()) / variance if variance > 0 else float("nan")
         return policy_loss + self.config.vf_coeff * vf_loss, {
             "policy_loss": float(policy_loss.detach()), "vf_loss": float(vf_loss.detach()),
-            "ma_sqd_adv_norm": self.ma_sqd_adv_norm, "vf_explained_var": explained}
+            "ma_sqd_adv_norm": self._next_ma_sqd_adv_norm, "vf_explained_var": explained}
+
+    def optimizer_step(self) -> None:
+        """The step, and the running mean of squared advantages moves with it: a step skipped on a non-finite
+        gradient (a NaN in the batch) leaves both as they were."""
+        version = self.weights_version
+        super().optimizer_step()
+        if self.weights_version > version and self._next_ma_sqd_adv_norm is not None:
+            self.ma_sqd_adv_norm = self._next_ma_sqd_adv_norm
+        self._next_ma_sqd_adv_norm = None
 
     def get_state(self) -> dict[str, Any]:
         """The base state plus the running mean of squared advantages."""

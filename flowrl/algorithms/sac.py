@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -42,8 +42,8 @@ from flowrl.policy import (NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, colum
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, WEIGHTS, SampleBatch
 from flowrl.validation import bounded
 
-__all__ = ["SACConfig", "SACModel", "SACPolicy", "squashed_gaussian_sample", "plan", "make_owned_state",
-           "ALGORITHM"]
+__all__ = ["SACConfig", "SACModel", "SACPolicy", "SACLosses", "squashed_gaussian_sample", "squashed_gaussian_logp",
+           "plan", "make_owned_state", "ALGORITHM"]
 
 #: the actor's log-std is clamped to this range before it is exponentiated (as SB3 and RLlib do)
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -161,6 +161,24 @@ def squashed_gaussian_sample(dist_inputs: torch.Tensor,
     return torch.tanh(u), logp
 
 
+def squashed_gaussian_logp(dist_inputs: torch.Tensor, actions: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``log pi(actions)`` ``[B]`` of given actions in ``[-1, 1]`` ``[B, A]`` under the tanh-squashed Gaussian of
+    ``dist_inputs`` (:func:`squashed_gaussian_sample`'s): ``u = atanh(a)``, with ``a`` clipped to
+    ``[-1 + eps, 1 - eps]`` so that recorded actions on the bounds keep a finite likelihood.
+
+    Examples:
+        >>> actions, logp = squashed_gaussian_sample(torch.tensor([[0.3, -0.5]]), torch.tensor([[0.7]]))
+        >>> torch.allclose(squashed_gaussian_logp(torch.tensor([[0.3, -0.5]]), actions), logp, atol=1e-5)
+        True
+    """
+    mean, log_std = dist_inputs.chunk(2, dim=-1)
+    log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+    u = torch.atanh(actions.clamp(-1 + eps, 1 - eps))
+    noise = (u - mean) / log_std.exp()
+    correction = 2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))
+    return (-0.5 * noise * noise - log_std - correction).sum(dim=-1) - 0.5 * math.log(2 * math.pi) * mean.shape[-1]
+
+
 class SACModel(nn.Module):
     """SAC's networks in one module: ``actor`` (an :class:`~flowrl.models.ActorModel` whose ``2 x action_dim``
     outputs are the mean and log-std of each action dimension), ``critics`` (a
@@ -183,6 +201,20 @@ class SACModel(nn.Module):
             hidden_sizes=config.critic_hiddens, activation=config.activation, conv_filters=conv),
             num_q=2 if config.twin_q else 1)
         self.log_alpha = nn.Parameter(torch.tensor(math.log(config.initial_alpha), dtype=torch.float32))
+
+
+class SACLosses(NamedTuple):
+    """SAC's three losses on one batch (:meth:`SACPolicy.losses`) and what a variant builds on: the critics'
+    ``Q_k(s, a)`` of the batch's actions ``[K, B]``, the actor's ``log pi(a|s)`` of its own sampled actions ``[B]``
+    and the temperature ``alpha`` (a constant)."""
+
+    critic: torch.Tensor
+    actor: torch.Tensor
+    alpha: torch.Tensor
+    stats: dict[str, float]
+    q_KB: torch.Tensor
+    logp: torch.Tensor
+    alpha_value: torch.Tensor
 
 
 # the columns the losses read (those present are converted to tensors, nothing else)
@@ -307,6 +339,12 @@ class SACPolicy(Policy):
     def loss(self, batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The sum of the critics', the actor's and the temperature's losses (see the class docstring) and the
         stats; each network's gradient comes from its own loss only."""
+        losses = self.losses(batch)
+        return losses.critic + losses.actor + losses.alpha, losses.stats
+
+    def losses(self, batch: TensorBatch) -> SACLosses:
+        """The three losses apart, with what they were computed from (:class:`SACLosses`): what a variant changes
+        (CQL's conservative critics, its behaviour-cloning actor) starts from here."""
         cfg, model = self.config, self.model
         obs, next_obs = batch[OBS], batch[NEXT_OBS]
         size = len(obs)
@@ -348,7 +386,7 @@ class SACPolicy(Policy):
                              q_KB.max(), td_error_KB.abs().mean(), targets_B.mean()]).detach().tolist()
         stats = dict(zip(("actor_loss", "critic_loss", "alpha_loss", "alpha", "entropy", "mean_q", "min_q",
                           "max_q", "mean_abs_td_error", "mean_target_q"), parts))
-        return critic_loss + actor_loss + alpha_loss, stats
+        return SACLosses(critic_loss, actor_loss, alpha_loss, stats, q_KB, logp, alpha)
 
     # -- learning ---------------------------------------------------------------------------------
     def learn_on_tensors(self, tensors: TensorBatch) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""Learning from recorded data (slow tier): BC and MARWIL on 100k CartPole steps of a PPO policy stopped early, CQL
+on 50k Pendulum steps of a partly trained SAC, and a dataset ten train batches large read with the driver's memory
+flat. Each dataset is recorded here, by flowrl's own workers (``output=DIR``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from flowrl.algorithms.bc import BCConfig
+from flowrl.algorithms.cql import CQLConfig
+from flowrl.algorithms.marwil import MARWILConfig
+from flowrl.algorithms.ppo import PPOConfig, PPOPolicy
+from flowrl.algorithms.sac import SACConfig, SACPolicy
+from flowrl.policy import Policy
+from flowrl.trainer import Trainer
+from flowrl.workers import RolloutWorker
+
+pytestmark = pytest.mark.slow
+
+SEEDS = (101, 202, 303)
+
+
+def record(policy_class: type[Policy], config: Any, weights: Any, directory: Path, steps: int) -> float:
+    """``steps`` sampled with ``weights`` into ``directory``; the mean return of the episodes that finished."""
+    worker = RolloutWorker(policy_class=policy_class, config=dataclasses.replace(config, output=str(directory)))
+    worker.set_weights(weights)
+    rows = 0
+    while rows < steps:
+        rows += worker.sample().count
+    worker.close_output()
+    return float(np.mean([e.episode_return for e in worker.get_metrics()]))
+
+
+def evaluations(name: str, config: Any, reports: int, stop: float = np.inf) -> list[float]:
+    trainer = Trainer(name, config)
+    returns: list[float] = []
+    try:
+        while len(returns) < reports and (not returns or returns[-1] < stop):
+            returns.append(trainer.train()["evaluation"]["episode_reward_mean"])
+            print(f"{name} seed {config.seed} report {len(returns)}: {returns[-1]:.1f}")
+    finally:
+        trainer.stop()
+    return returns
+
+
+@pytest.fixture(scope="module")
+def cartpole_data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """100k steps of PPO (seed 0) stopped when its smoothed return reached 100: its episodes return about 150-200,
+    from 20 to 500 (mixed quality)."""
+    trainer = Trainer("ppo", PPOConfig(seed=0))
+    try:
+        while trainer.train()["episode_reward_mean"] < 100:
+            pass
+        weights = trainer.workers.local_worker().get_weights()
+    finally:
+        trainer.stop()
+    directory = tmp_path_factory.mktemp("cartpole")
+    behaviour = record(PPOPolicy, PPOConfig(seed=1, num_envs_per_worker=8, rollout_fragment_length=250), weights,
+                       directory, 100_000)
+    print(f"the recorded episodes return {behaviour:.1f}")
+    assert 100 <= behaviour <= 300
+    return str(directory)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bc_reaches_120_within_50_reports(cartpole_data: str, seed: int) -> None:
+    returns = evaluations("bc", BCConfig(seed=seed, input=cartpole_data), 50, stop=120)
+    assert max(returns) >= 120, returns
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_marwil_reaches_150_within_50_reports(cartpole_data: str, seed: int) -> None:
+    returns = evaluations("marwil", MARWILConfig(seed=seed, input=cartpole_data), 50, stop=150)
+    assert max(returns) >= 150, returns
+
+
+@pytest.fixture(scope="module")
+def pendulum_data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """50k steps of SAC (seed 0) after 6,000 env steps of training."""
+    trainer = Trainer("sac", SACConfig(seed=0))
+    try:
+        while trainer.train()["timesteps_total"] < 6000:
+            pass
+        weights = trainer.workers.local_worker().get_weights()
+    finally:
+        trainer.stop()
+    directory = tmp_path_factory.mktemp("pendulum")
+    behaviour = record(SACPolicy, SACConfig(seed=1, num_envs_per_worker=10, rollout_fragment_length=200), weights,
+                       directory, 50_000)
+    print(f"the recorded episodes return {behaviour:.1f}")
+    return str(directory)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_cql_reaches_minus_500_on_a_partly_trained_sacs_data(pendulum_data: str, seed: int) -> None:
+    returns = evaluations("cql", CQLConfig(seed=seed, input=pendulum_data), 60, stop=-500)
+    assert max(returns) >= -500, returns
+
+
+def test_reading_ten_train_batches_keeps_the_drivers_memory_flat(tmp_path: Path) -> None:
+    """A dataset of 30k rows of 84x84x4 frames (2 GiB in memory, 10 train batches of 3,000 rows) read through Ray
+    Data grows the driver's resident memory by far less than the dataset."""
+    from benchmarks.offline import image_dataset
+    from flowrl.ops.offline import ReadInput
+    from flowrl.testing import make_fake_workers
+
+    size = image_dataset(tmp_path, 30_000)
+    workers = make_fake_workers(0, rollout_fragment_length=3000, input=str(tmp_path), input_epochs=1)
+    process = psutil.Process()
+    baseline, peak, rows = process.memory_info().rss, 0, 0
+    for item in ReadInput(workers):
+        rows += item.count
+        peak = max(peak, process.memory_info().rss)
+    print(f"read {rows} rows ({size / 2**20:.0f} MiB); the driver grew {(peak - baseline) / 2**20:.0f} MiB")
+    assert rows == 30_000
+    assert peak - baseline < 0.35 * size
