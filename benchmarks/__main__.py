@@ -56,6 +56,10 @@ Every run is a subprocess of its script (a fresh process and Ray instance each t
   scalar and batched paths (``benchmarks/segment_tree.py``).
 - ``iter_overhead`` (not in ``all``): flowrl's gathers against the *best* hand-written Ray loops over sleeping
   shard actors (``benchmarks/iter_overhead.py``).
+- ``offline`` (not in ``all``: about 20 minutes; ``--quick``: one seed): recorded experience
+  (``benchmarks/offline.py``): sampling with and without ``output=DIR``, the driver's memory while a dataset ten
+  train batches large is read, and BC, MARWIL and CQL trained on datasets the script records (CartPole from an
+  early-stopped PPO, Pendulum from a partly trained SAC) against their gates.
 - a system's own name (``ppo_cartpole``, ``minimal_ppo``, ``sb3_ppo``, ``rllib_ppo_2x1``, ...) runs its rounds alone.
 
 Round ``i`` runs every system with seed ``i``; ``--repeats`` rounds (3). ``--quick`` keeps the rounds but shrinks
@@ -166,9 +170,10 @@ TRAINER_GROUPS: dict[str, tuple[str, ...]] = {
     "ppo_lstm": ("ppo_lstm_cartpole", "sb3_recurrent_ppo", "rllib_ppo_lstm"),
     **{name: (name,) for name in SYSTEMS}}
 SCRIPTS = ("rollout_overhead", "sampling", "recurrent_sampling", "throughput", "time_to_solve", "scaling", "loc",
-           "evolution", "maml", "learners", "atari", "atari_learning", "segment_tree", "iter_overhead")
-# the long atari, atari_learning and sac_lunar, and the microbenchmarks segment_tree and iter_overhead, by name only
-ALL = (*SCRIPTS[:-4], "ppo", "dqn", "sac", "ppo_lstm")
+           "evolution", "maml", "learners", "atari", "atari_learning", "segment_tree", "iter_overhead", "offline")
+# the long atari, atari_learning, sac_lunar and offline, and the microbenchmarks segment_tree and iter_overhead, by
+# name only
+ALL = (*SCRIPTS[:-5], "ppo", "dqn", "sac", "ppo_lstm")
 NAMES = (*SCRIPTS, *TRAINER_GROUPS)
 
 

@@ -7,7 +7,8 @@ gates of BC and MARWIL (CartPole) and CQL (Pendulum) on datasets this script rec
 - ``reading``: a dataset of ``--read-rows`` rows of 84x84x4 uint8 frames (a random 10x10 patch in each, as Atari
   frames are mostly background; 10 files), read by ``ReadInput`` through Ray Data in items of ``--read-batch``
   rows (the dataset is 10 of them) with the default shuffle window: rows/s, and the driver's resident memory
-  (sampled at every item) above what it held before the first read, against the dataset's size in memory.
+  (sampled at every item) above what it held before the first read, against the dataset's size in memory: its own
+  memory (USS) and its resident size (RSS, which also counts the pages of Ray's shared object store it mapped).
 - ``bc_marwil``: PPO (defaults, seed 0) trains on CartPole-v1 until its smoothed return reaches ``--ppo-stop``;
   its policy then records 100k steps (8 envs), whose mean episode return is quoted. BC and MARWIL (defaults) each
   train 50 reports on that dataset per seed: the best and the last evaluation return, and the first report
@@ -17,7 +18,7 @@ gates of BC and MARWIL (CartPole) and CQL (Pendulum) on datasets this script rec
   reports pass: reports, gradient steps and wall seconds to -500.
 
 Run: ``python benchmarks/offline.py [--quick] [--parts writing,reading,bc_marwil,cql] [--seeds 101,202,303]
-[--out PATH]``; the last line is ``output_sampling_ratio=... read_rss_growth_fraction=... bc_best=... marwil_best=...
+[--out PATH]``; the last line is ``output_sampling_ratio=... read_uss_growth_fraction=... bc_best=... marwil_best=...
 cql_reports_to_minus_500=...`` (medians over seeds).
 """
 
@@ -47,7 +48,6 @@ from flowrl.algorithms.cql import CQLConfig
 from flowrl.algorithms.marwil import MARWILConfig
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy
 from flowrl.algorithms.sac import SACConfig, SACPolicy
-from flowrl.config import TrainerConfig
 from flowrl.offline import OutputWriter
 from flowrl.ops.offline import ReadInput
 from flowrl.policy import Policy
@@ -71,9 +71,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
     parser.add_argument("--seeds", default="101,202,303", help="the learners' seeds (BC, MARWIL, CQL)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the writing measure")
-    parser.add_argument("--read-rows", type=int, default=50_000, help="rows of the reading measure's dataset")
+    parser.add_argument("--read-rows", type=int, default=30_000, help="rows of the reading measure's dataset")
     parser.add_argument("--ppo-stop", type=float, default=100.0, help="PPO's smoothed return when it records")
-    parser.add_argument("--sac-steps", type=int, default=6000, help="SAC's env steps before it records")
+    parser.add_argument("--sac-steps", type=int, default=4000, help="SAC's env steps before it records")
     parser.add_argument("--cql-reports", type=int, default=80, help="CQL's reports at most (1,000 steps each)")
     parser.add_argument("--quick", action="store_true", help="one seed, smaller datasets and budgets")
     parser.add_argument("--out", default="benchmarks/results/offline.json")
@@ -146,16 +146,20 @@ def image_dataset(directory: Path, rows: int, files: int = 10, length: int = 250
 def part_reading(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     dataset_bytes = image_dataset(directory, args.read_rows)
     batch = args.read_rows // 10
-    workers = make_fake_workers(0, rollout_fragment_length=batch, input=str(directory), input_epochs=1)
-    baseline, peak, rows = rss(), 0, 0
+    workers = make_fake_workers(0, rollout_fragment_length=batch, input=str(directory), input_epochs=1,
+                                input_shuffle_rows=batch)
+    process = psutil.Process()
+    baseline, uss, rss, rows = process.memory_full_info(), [], [], 0
     start = time.perf_counter()
     for item in ReadInput(workers):
         rows += item.count
-        peak = max(peak, rss())
+        now = process.memory_full_info()
+        uss.append(now.uss - baseline.uss)
+        rss.append(now.rss - baseline.rss)
     seconds = time.perf_counter() - start
     return {"rows": rows, "train_batch_rows": batch, "rows_per_s": rows / seconds, "dataset_bytes": dataset_bytes,
-            "rss_growth_bytes": peak - baseline, "rss_growth_fraction": (peak - baseline) / dataset_bytes,
-            "shuffle_window_bytes": TrainerConfig().input_shuffle_rows * dataset_bytes / args.read_rows}
+            "uss_growth_first_item": uss[0], "uss_growth_max": max(uss), "rss_growth_max": max(rss),
+            "uss_growth_fraction": max(uss) / dataset_bytes, "shuffle_window_bytes": dataset_bytes // 10}
 
 
 # -- learning gates ------------------------------------------------------------------------------------------------
@@ -242,10 +246,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if "reading" in args.parts:
             r = out["reading"] = part_reading(args, root / "reading")
             print(f"read {r['rows']:,} rows ({r['dataset_bytes'] / 2**20:,.0f} MiB in memory, 10 train batches of "
-                  f"{r['train_batch_rows']:,}) at {r['rows_per_s']:,.0f} rows/s; the driver's memory grew "
-                  f"{r['rss_growth_bytes'] / 2**20:,.0f} MiB ({100 * r['rss_growth_fraction']:.1f}% of the dataset; "
-                  f"the shuffle window holds {r['shuffle_window_bytes'] / 2**20:,.0f} MiB)\n")
-            summary["read_rss_growth_fraction"] = r["rss_growth_fraction"]
+                  f"{r['train_batch_rows']:,}; the shuffle window one of them) at {r['rows_per_s']:,.0f} rows/s; the "
+                  f"driver's own memory grew {r['uss_growth_first_item'] / 2**20:,.0f} MiB at the first item and "
+                  f"{r['uss_growth_max'] / 2**20:,.0f} MiB at most ({100 * r['uss_growth_fraction']:.1f}% of the "
+                  f"dataset); its resident size {r['rss_growth_max'] / 2**20:,.0f} MiB at most\n")
+            summary["read_uss_growth_fraction"] = r["uss_growth_fraction"]
         if "bc_marwil" in args.parts:
             b = out["bc_marwil"] = part_bc_marwil(args, root / "cartpole")
             print(f"CartPole dataset: 100k steps of PPO stopped at a smoothed {args.ppo_stop:g}; its episodes return "

@@ -60,21 +60,29 @@ def _postprocessed(policy: Any, episode: SampleBatch) -> SampleBatch:
 
 
 class RecentEpisodes:
-    """The last whole episodes a ``ReadInput`` source read (at most ``max_episodes`` and ``max_rows``), as recorded:
-    what :class:`EstimateOffPolicy` estimates on."""
+    """The last whole episodes a ``ReadInput`` source read, as recorded and only the columns off-policy estimation
+    reads (observations, actions, rewards, the behaviour's ``logp``): at most ``max_episodes`` of them in at most
+    ``max_bytes`` (the newest always kept), so that image datasets do not pile up in the driver."""
 
-    def __init__(self, max_episodes: int = 100, max_rows: int = 50_000) -> None:
-        self.max_episodes, self.max_rows = max_episodes, max_rows
+    COLUMNS = (OBS, ACTIONS, REWARDS, LOGP)
+
+    def __init__(self, max_episodes: int = 100, max_bytes: int = 64 * 2**20) -> None:
+        self.max_episodes, self.max_bytes = max_episodes, max_bytes
         self.episodes: collections.deque[SampleBatch] = collections.deque()
-        self._rows = 0
+        self._bytes = 0
 
     def add(self, episode: SampleBatch) -> None:
         if not (episode[TERMINATEDS][-1] or episode[TRUNCATEDS][-1]):
             return  # a cut episode has no return to estimate
-        self.episodes.append(episode)
-        self._rows += episode.count
-        while len(self.episodes) > self.max_episodes or (self._rows > self.max_rows and len(self.episodes) > 1):
-            self._rows -= self.episodes.popleft().count
+        kept = SampleBatch._of_checked({k: episode[k].copy() for k in self.COLUMNS})  # not views of whole blocks
+        self.episodes.append(kept)
+        self._bytes += _nbytes(kept)
+        while len(self.episodes) > self.max_episodes or (self._bytes > self.max_bytes and len(self.episodes) > 1):
+            self._bytes -= _nbytes(self.episodes.popleft())
+
+
+def _nbytes(batch: SampleBatch) -> int:
+    return sum(column.nbytes for column in batch.values())
 
 
 def _items(dataset: RecordedDataset, policy: Any, *, item_size: int, shuffle_rows: int, epochs: int | None,
@@ -87,13 +95,12 @@ def _items(dataset: RecordedDataset, policy: Any, *, item_size: int, shuffle_row
 
     def cut(final: bool) -> Iterator[SampleBatch]:
         nonlocal pending, rows
-        joined = SampleBatch.concat(pending)
-        if shuffle_rows > 1:
-            joined = joined.shuffle(rng)
+        joined, pending = SampleBatch.concat(pending), []
+        order = rng.permutation(joined.count) if shuffle_rows > 1 else np.arange(joined.count)
         whole = joined.count if final else joined.count - joined.count % item_size
-        for start in range(0, whole, item_size):
-            yield joined[start:start + item_size]
-        pending = [joined[whole:]] if whole < joined.count else []
+        for start in range(0, whole, item_size):  # each item gathers its rows: no second copy of the window
+            yield joined.rows(order[start:start + item_size])
+        pending = [joined.rows(order[whole:])] if whole < joined.count else []
         rows = joined.count - whole
 
     while epochs is None or epoch < epochs:

@@ -82,10 +82,11 @@ def test_marwil_reaches_150_within_50_reports(cartpole_data: str, seed: int) -> 
 
 @pytest.fixture(scope="module")
 def pendulum_data(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """50k steps of SAC (seed 0) after 6,000 env steps of training."""
+    """50k steps of SAC (seed 0) after 4,000 env steps of training: its episodes return about -600 (between a
+    random policy's -1,200 and a trained one's -150)."""
     trainer = Trainer("sac", SACConfig(seed=0))
     try:
-        while trainer.train()["timesteps_total"] < 6000:
+        while trainer.train()["timesteps_total"] < 4000:
             pass
         weights = trainer.workers.local_worker().get_weights()
     finally:
@@ -104,19 +105,26 @@ def test_cql_reaches_minus_500_on_a_partly_trained_sacs_data(pendulum_data: str,
 
 
 def test_reading_ten_train_batches_keeps_the_drivers_memory_flat(tmp_path: Path) -> None:
-    """A dataset of 30k rows of 84x84x4 frames (2 GiB in memory, 10 train batches of 3,000 rows) read through Ray
-    Data grows the driver's resident memory by far less than the dataset."""
+    """A dataset of 30k rows of 84x84x4 frames (1.6 GiB in memory, 10 train batches of 3,000 rows), read through Ray
+    Data with a shuffle window of one train batch: the driver's own memory (USS) grows by a block and the window at
+    the first item and stays there, far below the dataset. Its resident size (RSS) also counts the pages of Ray's
+    shared object store it has mapped, which Ray Data keeps to a few blocks at a time but places anew, so that
+    figure creeps up as the read goes on; it is printed, not asserted."""
     from benchmarks.offline import image_dataset
     from flowrl.ops.offline import ReadInput
     from flowrl.testing import make_fake_workers
 
     size = image_dataset(tmp_path, 30_000)
-    workers = make_fake_workers(0, rollout_fragment_length=3000, input=str(tmp_path), input_epochs=1)
+    workers = make_fake_workers(0, rollout_fragment_length=3000, input=str(tmp_path), input_epochs=1,
+                                input_shuffle_rows=3000)
     process = psutil.Process()
-    baseline, peak, rows = process.memory_info().rss, 0, 0
+    baseline, uss, rss, rows = process.memory_full_info(), [], [], 0
     for item in ReadInput(workers):
         rows += item.count
-        peak = max(peak, process.memory_info().rss)
-    print(f"read {rows} rows ({size / 2**20:.0f} MiB); the driver grew {(peak - baseline) / 2**20:.0f} MiB")
+        now = process.memory_full_info()
+        uss.append(now.uss - baseline.uss)
+        rss.append(now.rss - baseline.rss)
+    print(f"read {rows} rows ({size / 2**20:.0f} MiB): the driver's own memory grew {uss[0] / 2**20:.0f} MiB at the "
+          f"first item and {max(uss) / 2**20:.0f} MiB at most; its resident size {max(rss) / 2**20:.0f} MiB at most")
     assert rows == 30_000
-    assert peak - baseline < 0.35 * size
+    assert max(uss) < 0.4 * size and max(uss) - uss[0] < 0.1 * size

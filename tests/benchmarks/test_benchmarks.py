@@ -41,7 +41,7 @@ def test_all_expands_in_order_and_names_run_once() -> None:
                                "ppo_lstm"]
     assert args.quick and args.repeats == 3
     assert suite.parse_args(["rllib_ppo_2x1", "--repeats", "5"]).benchmarks == ["rllib_ppo_2x1"]
-    for micro in ("iter_overhead", "segment_tree", "sac_lunar", "atari", "atari_learning"):  # runnable by name, not in all
+    for micro in ("iter_overhead", "segment_tree", "sac_lunar", "atari", "atari_learning", "offline"):  # by name only
         assert suite.parse_args([micro, "all"]).benchmarks[0] == micro and micro not in suite.ALL
 
 

@@ -1,18 +1,20 @@
-"""benchmarks/evolution.py, benchmarks/maml.py and benchmarks/learners.py: their command lines, and the evolution
-bytes table (no Ray: one worker in this process)."""
+"""benchmarks/evolution.py, benchmarks/maml.py, benchmarks/learners.py and benchmarks/offline.py: their command
+lines, the evolution bytes table (no Ray: one worker in this process), and the offline writing measure."""
 
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 
 import pytest
 
-from benchmarks import evolution, learners, maml
+from benchmarks import evolution, learners, maml, offline
 
 pytestmark = pytest.mark.usefixtures("local_executor")
 
 
-@pytest.mark.parametrize("module", [evolution, maml, learners], ids=["evolution", "maml", "learners"])
+@pytest.mark.parametrize("module", [evolution, maml, learners, offline], ids=["evolution", "maml", "learners",
+                                                                               "offline"])
 def test_doctests_pass(module: object) -> None:
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
@@ -25,3 +27,10 @@ def test_an_answer_costs_the_same_bytes_for_a_small_and_a_large_policy(algo: str
     assert small["params"] < large["params"]
     assert small["result_bytes_per_eval"] == large["result_bytes_per_eval"] < 100
     assert small["weights_bytes_per_eval"] < large["weights_bytes_per_eval"]  # the weights grow with the model
+
+
+def test_the_offline_writing_measure_records_what_it_samples(tmp_path: Path) -> None:
+    args = offline.parse_args(["--quick", "--rounds", "1"])
+    measured = offline.part_writing(args, tmp_path)
+    assert measured["rows_written"] == (5 + 40) * 8 * 250  # the warm-up and the one round
+    assert measured["plain_steps_per_s"] > 0 and 0 <= measured["add_share"] < 1
