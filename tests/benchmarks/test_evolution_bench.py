@@ -30,7 +30,7 @@ def test_an_answer_costs_the_same_bytes_for_a_small_and_a_large_policy(algo: str
 
 
 def test_the_offline_writing_measure_records_what_it_samples(tmp_path: Path) -> None:
-    args = offline.parse_args(["--quick", "--rounds", "1"])
+    args = offline.parse_args(["--rounds", "1"])
     measured = offline.part_writing(args, tmp_path)
-    assert measured["rows_written"] == (5 + 40) * 8 * 250  # the warm-up and the one round
+    assert measured["rows_written"] == (5 + 40) * 8 * 250  # the warm-up and the one round of 40 samples
     assert measured["plain_steps_per_s"] > 0 and 0 <= measured["add_share"] < 1
