@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 import numpy as np
 
-from flowrl.metrics import STEPS_SAMPLED_COUNTER, MetricsContext, Summary
+from flowrl.metrics import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER, MetricsBinding, MetricsContext, Summary
 from flowrl.sample_batch import DEFAULT_POLICY_ID, WEIGHTS_VERSION, AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.validation import check_int
 
@@ -15,6 +15,20 @@ if TYPE_CHECKING:
 
 __all__ = ["check_batch", "check_int", "record_staleness", "staleness_info", "LearnerInfo", "weight_update_vars",
            "check_workers", "resolve_policies", "tree_mean", "check_learner_thread"]
+
+
+class ReportSampled(MetricsBinding):
+    """Counts each batch a source yields (``ParallelRollouts``' samples, ``ReadInput``'s rows):
+    ``num_steps_sampled += count``, ``num_agent_steps_sampled += agent_steps()``."""
+
+    def __call__(self, batch: AnyBatch) -> AnyBatch:
+        check_batch(batch, self)
+        self.metrics.counters[STEPS_SAMPLED_COUNTER] += batch.count
+        self.metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += batch.agent_steps()
+        return batch
+
+    def __repr__(self) -> str:
+        return "ReportSampled"
 
 
 def check_batch(item: Any, op: object) -> AnyBatch:

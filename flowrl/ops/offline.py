@@ -25,30 +25,17 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from flowrl.iter import LocalIterator
-from flowrl.metrics import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER, MetricsBinding
 from flowrl.offline import RecordedDataset, off_policy_estimates, open_dataset, read_episodes
-from flowrl.ops._common import check_batch, check_int
+from flowrl.ops._common import ReportSampled, check_int
 from flowrl.policy import Policy
-from flowrl.sample_batch import ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
+from flowrl.sample_batch import (ACTIONS, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, TERMINATEDS, TRUNCATEDS, AnyBatch,
+                                 SampleBatch)
 from flowrl.workers import WorkerSet
 
 __all__ = ["ReadInput", "INPUT_COLUMNS", "RecentEpisodes", "EstimateOffPolicy"]
 
 #: the columns every dataset read as input must have; a policy adds its own (``Policy.offline_columns``)
 INPUT_COLUMNS = (EPS_ID, OBS, ACTIONS, REWARDS, TERMINATEDS, TRUNCATEDS)
-
-
-class _ReportRead(MetricsBinding):
-    """Counts each item read: ``num_steps_sampled += count`` (and agent steps)."""
-
-    def __call__(self, batch: SampleBatch) -> SampleBatch:
-        check_batch(batch, self)
-        self.metrics.counters[STEPS_SAMPLED_COUNTER] += batch.count
-        self.metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += batch.agent_steps()
-        return batch
-
-    def __repr__(self) -> str:
-        return "ReportRead"
 
 
 def _postprocessed(policy: Any, episode: SampleBatch) -> SampleBatch:
@@ -117,7 +104,7 @@ def _items(dataset: RecordedDataset, policy: Any, *, item_size: int, shuffle_row
         yield from cut(final=True)
 
 
-def ReadInput(workers: WorkerSet, *, item_size: int | None = None) -> LocalIterator[SampleBatch]:
+def ReadInput(workers: WorkerSet, *, item_size: int | None = None) -> LocalIterator[AnyBatch]:
     """The experience source of a recorded dataset (``workers.config.input``): items of ``item_size`` rows
     (default: one sample of every remote worker, what ``ParallelRollouts(bulk_sync)`` yields), counted into
     ``num_steps_sampled``.
@@ -153,7 +140,7 @@ def ReadInput(workers: WorkerSet, *, item_size: int | None = None) -> LocalItera
                                     epochs=config.input_epochs, seed=config.seed, executor=config.executor,
                                     recent=recent))
     return (LocalIterator.from_iterable(stream, name=f"ReadInput({size} rows)")
-            .for_each(_ReportRead())
+            .for_each(ReportSampled())
             .named(f"ReadInput({size} rows)")
             .on_close(stream.close))
 

@@ -23,9 +23,8 @@ from typing import Any, Collection, Iterator, Literal, Sequence
 import numpy as np
 
 from flowrl.iter import LocalIterator, from_actors, get_shard_worker
-from flowrl.metrics import (AGENT_STEPS_SAMPLED_COUNTER, GRAD_WAIT_TIMER, LEARNER_INFO, SAMPLE_TIMER,
-                            STEPS_SAMPLED_COUNTER, MetricsBinding)
-from flowrl.ops._common import check_batch, check_int
+from flowrl.metrics import GRAD_WAIT_TIMER, LEARNER_INFO, SAMPLE_TIMER, STEPS_SAMPLED_COUNTER, MetricsBinding
+from flowrl.ops._common import ReportSampled, check_batch, check_int
 from flowrl.ops.offline import ReadInput
 from flowrl.sample_batch import DEFAULT_POLICY_ID, AnyBatch, MultiAgentBatch, SampleBatch
 from flowrl.sequences import pad_batch
@@ -48,19 +47,6 @@ def concat_batches(batches: Sequence[AnyBatch]) -> AnyBatch:
     kinds = sorted({type(b).__name__ for b in batches})
     raise ValueError(f"cannot concatenate a mix of {kinds}; every worker of a plan must return the same kind "
                      f"(single-agent SampleBatch or MultiAgentBatch)")
-
-
-class _ReportSampled(MetricsBinding):
-    """Counts each batch: ``num_steps_sampled += count``, ``num_agent_steps_sampled += agent_steps()``."""
-
-    def __call__(self, batch: AnyBatch) -> AnyBatch:
-        check_batch(batch, self)
-        self.metrics.counters[STEPS_SAMPLED_COUNTER] += batch.count
-        self.metrics.counters[AGENT_STEPS_SAMPLED_COUNTER] += batch.agent_steps()
-        return batch
-
-    def __repr__(self) -> str:
-        return "ReportSampled"
 
 
 def _local_samples(workers: WorkerSet) -> Iterator[AnyBatch]:
@@ -138,7 +124,7 @@ def _sampled(workers: WorkerSet, mode: str, num_async: int) -> Any:
                   .for_each(concat_batches))
     else:
         source = from_actors(remote).gather_async(num_async=num_async, timeout_s=workers.config.sample_timeout_s)
-    return source.for_each(_ReportSampled()).named(f"ParallelRollouts({mode})")
+    return source.for_each(ReportSampled()).named(f"ParallelRollouts({mode})")
 
 
 class _ComputeGradientsOnShard:
