@@ -60,16 +60,18 @@ def test_importing_stays_free_of_torch(module: str) -> None:
 
 
 def test_flowrl_ops_exports_its_family_modules_names() -> None:
-    from flowrl.ops import aggregation, concurrency, decentralized, evolution, meta, metrics, replay, rollout, train
+    from flowrl.ops import (aggregation, concurrency, decentralized, evolution, meta, metrics, offline, replay, rollout,
+                            train)
 
-    families = [rollout, train, replay, concurrency, metrics, aggregation, evolution, meta, decentralized]
+    families = [rollout, train, replay, concurrency, metrics, aggregation, evolution, meta, decentralized, offline]
     assert flowrl.ops.__all__ == [name for family in families for name in family.__all__]
     assert len(set(flowrl.ops.__all__)) == len(flowrl.ops.__all__)
     for family in families:
         for name in family.__all__:
             assert getattr(flowrl.ops, name) is getattr(family, name)
     # the names it exported when the list was written by hand, plus aggregation's aggregator_groups, the
-    # sequence layout of R2D2's replay (PadSequences), and the evolution strategies', MAML's and DD-PPO's families
+    # sequence layout of R2D2's replay (PadSequences), and the evolution strategies', MAML's, DD-PPO's and offline
+    # input's families
     assert sorted(flowrl.ops.__all__) == sorted([
         "ParallelRollouts", "AsyncGradients", "ConcatBatches", "SelectExperiences", "StandardizeFields", "PadSequences",
         "TrainOneStep", "train_one_step", "LearnOnBatch", "BroadcastWeights", "UpdateKL", "MultiGPUTrainOneStep",
@@ -85,4 +87,5 @@ def test_flowrl_ops_exports_its_family_modules_names() -> None:
         "ParallelEvaluations", "CollectEvaluations", "ApplyEvolutionUpdate", "centered_ranks", "Estimator",
         "SetTasks", "InnerAdaptation", "MetaUpdate", "TASK_INDEX", "ADAPTATION_ROUND", "mean_episode_return",
         "check_task_env", "standardized_advantages",
-        "form_process_group", "AllReduceTrainOneStep", "GroupStep", "RecordGroupTraining"])
+        "form_process_group", "AllReduceTrainOneStep", "GroupStep", "RecordGroupTraining",
+        "ReadInput", "INPUT_COLUMNS", "RecentEpisodes", "EstimateOffPolicy"])

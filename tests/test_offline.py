@@ -289,18 +289,21 @@ def test_bc_config_refuses_a_beta() -> None:
 
 # -- learning from a dataset ---------------------------------------------------------------------------------------
 
-def test_bc_learns_to_balance_from_a_controllers_recorded_episodes(tmp_path: Path) -> None:
-    """20k steps of a controller that returns about 130 (30% random actions); random play returns about 22. BC's
-    greedy policy passes 3x that within 6 reports (measured: 137 at seed 0, after 71 at the first report)."""
+@pytest.mark.parametrize("name", ["bc", "marwil"])
+def test_bc_and_marwil_learn_to_balance_from_a_controllers_recorded_episodes(tmp_path: Path, name: str) -> None:
+    """20k steps of a controller that returns about 130 (30% random actions); random play returns about 22. The
+    greedy policy passes 3x that within 6 reports (measured at seed 0: BC 71, 89, 104, 125, 134, 137; MARWIL 50,
+    65, 116, 111, 106, 101)."""
     from flowrl.testing import record_cartpole_controller
 
     data = record_cartpole_controller(tmp_path, steps=20_000, epsilon=0.3)
-    trainer = Trainer("bc", BCConfig(input=data, seed=0, executor="local"))
+    config = (BCConfig if name == "bc" else MARWILConfig)(input=data, seed=0, executor="local")
+    trainer = Trainer(name, config)
     try:
         returns = [trainer.train()["evaluation"]["episode_reward_mean"] for _ in range(6)]
     finally:
         trainer.stop()
-    assert max(returns[-2:]) >= 66, returns
+    assert max(returns[-3:]) >= 66, returns
 
 
 def test_marwil_keeps_its_advantage_scale_in_its_state() -> None:
