@@ -5,6 +5,7 @@ flat. Each dataset is recorded here, by flowrl's own workers (``output=DIR``).""
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +111,14 @@ def test_reading_ten_train_batches_keeps_the_drivers_memory_flat(tmp_path: Path)
     the first item and stays there, far below the dataset. Its resident size (RSS) also counts the pages of Ray's
     shared object store it has mapped, which Ray Data keeps to a few blocks at a time but places anew, so that
     figure creeps up as the read goes on; it is printed, not asserted."""
-    from benchmarks.offline import image_dataset
+    from benchmarks.offline import image_dataset_elsewhere
     from flowrl.ops.offline import ReadInput
     from flowrl.testing import make_fake_workers
 
-    size = image_dataset(tmp_path, 30_000)
+    size = image_dataset_elsewhere(tmp_path, 30_000)
     workers = make_fake_workers(0, rollout_fragment_length=3000, input=str(tmp_path), input_epochs=1,
                                 input_shuffle_rows=3000)
+    gc.collect()  # (the dataset was written by a child process: nothing of the writing is counted here)
     process = psutil.Process()
     baseline, uss, rss, rows = process.memory_full_info(), [], [], 0
     for item in ReadInput(workers):
@@ -127,4 +129,5 @@ def test_reading_ten_train_batches_keeps_the_drivers_memory_flat(tmp_path: Path)
     print(f"read {rows} rows ({size / 2**20:.0f} MiB): the driver's own memory grew {uss[0] / 2**20:.0f} MiB at the "
           f"first item and {max(uss) / 2**20:.0f} MiB at most; its resident size {max(rss) / 2**20:.0f} MiB at most")
     assert rows == 30_000
-    assert max(uss) < 0.4 * size and max(uss) - uss[0] < 0.1 * size
+    # flat: after the first item nothing grows with the rows read (this holds whatever the baseline held)
+    assert max(uss) - uss[0] < 0.1 * size and max(uss) < 0.4 * size
