@@ -1,6 +1,6 @@
 """BC: behaviour cloning, MARWIL with ``beta = 0`` (every recorded action imitated alike, no value trained).
 
-Dataflow: MARWIL's plan (:func:`flowrl.algorithms.marwil.plan`): a recorded dataset (``input=DIR``) read in items,
+Dataflow: MARWIL's, which is PG's plan (:func:`flowrl.algorithms.pg.plan`): a recorded dataset (``input=DIR``) read in items,
 concatenated into train batches, one gradient step on ``-mean(log pi(a|s))`` each; the policy is evaluated in the
 env every report.
 
@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowrl.algorithms import Algorithm
-from flowrl.algorithms.marwil import MARWILConfig, MARWILPolicy, plan
+from flowrl.algorithms.marwil import MARWILConfig, MARWILPolicy
+from flowrl.algorithms.pg import plan
 
 __all__ = ["BCConfig", "ALGORITHM"]
 

@@ -1,6 +1,6 @@
 """MARWIL: monotonic advantage re-weighted imitation learning (Wang et al., NeurIPS 2018), RLlib's offline plan.
 
-Dataflow: PG's. ``ParallelRollouts(bulk_sync)`` yields the experience, which with ``input=DIR`` (the usual
+Dataflow: PG's plan itself (:func:`flowrl.algorithms.pg.plan`). ``ParallelRollouts(bulk_sync)`` yields the experience, which with ``input=DIR`` (the usual
 case) is a recorded dataset (:mod:`flowrl.offline`), read in items, each episode postprocessed with its discounted
 returns and the rows shuffled; the items are concatenated into train batches of ``train_batch_size`` rows
 (``ConcatBatches``) and each takes one gradient step (``TrainOneStep``). Without ``input`` the workers sample the
@@ -16,6 +16,16 @@ Examples:
     >>> config = MARWILConfig(seed=0)
     >>> config.beta, config.num_workers, config.train_batch_size, config.evaluation_interval
     (1.0, 0, 2000, 1)
+    >>> import tempfile
+    >>> from flowrl.testing import record_fake_episodes
+    >>> data = record_fake_episodes(tempfile.mkdtemp(), episodes=20, length=50)
+    >>> config = MARWILConfig(input=data, train_batch_size=200, timesteps_per_iteration=0, evaluation_interval=0,
+    ...                       executor="local", seed=0)
+    >>> it = plan(WorkerSet(policy_class=MARWILPolicy, config=config), config)
+    >>> it
+    LocalIterator[ReadInput(200 rows).combine(ConcatBatches(200)).for_each(TrainOneStep)...]
+    >>> next(it)["info"]["num_steps_sampled"]
+    200
     >>> MARWILConfig(beta=-1.0)
     Traceback (most recent call last):
     ...
@@ -32,11 +42,8 @@ import gymnasium as gym
 import torch
 
 from flowrl.algorithms import Algorithm
+from flowrl.algorithms.pg import plan
 from flowrl.config import TrainerConfig
-from flowrl.iter import LocalIterator
-from flowrl.ops.metrics import StandardMetricsReporting
-from flowrl.ops.rollout import ConcatBatches, ParallelRollouts
-from flowrl.ops.train import train_one_step
 from flowrl.policy import Policy, TensorBatch
 from flowrl.postprocessing import discounted_returns
 from flowrl.sample_batch import ACTIONS, OBS, RETURNS, REWARDS, TERMINATEDS, TRUNCATEDS, SampleBatch
@@ -76,28 +83,6 @@ class MARWILConfig(TrainerConfig):
     timesteps_per_iteration: int = 10_000
     evaluation_interval: int = 1
     evaluation_duration: int = 10
-
-
-def plan(workers: WorkerSet, config: TrainerConfig) -> LocalIterator[dict[str, Any]]:
-    """MARWIL (and BC): read (or sample) in lockstep, concat to ``train_batch_size``, train + broadcast, report.
-
-    Examples:
-        >>> import tempfile
-        >>> from flowrl.testing import record_fake_episodes
-        >>> data = record_fake_episodes(tempfile.mkdtemp(), episodes=20, length=50)
-        >>> config = MARWILConfig(input=data, train_batch_size=200, timesteps_per_iteration=0, evaluation_interval=0,
-        ...                       executor="local", seed=0)
-        >>> it = plan(WorkerSet(policy_class=MARWILPolicy, config=config), config)
-        >>> it
-        LocalIterator[ReadInput(200 rows).combine(ConcatBatches(200)).for_each(TrainOneStep)...]
-        >>> next(it)["info"]["num_steps_sampled"]
-        200
-    """
-    rollouts = ParallelRollouts(workers, mode="bulk_sync")
-    train_op = (rollouts
-                .combine(ConcatBatches(config.train_batch_size, config.count_steps_by))
-                .for_each(train_one_step(workers, config)))
-    return StandardMetricsReporting(train_op, workers, config)
 
 
 class MARWILPolicy(Policy):

@@ -13,12 +13,12 @@ from flowrl.algorithms import ALGORITHMS, get_algorithm
 from flowrl.testing import plan_lines
 
 # algorithm -> the algorithms it builds on (APPO extends IMPALA, Ape-X extends DQN, DDPG and SAC run DQN's plan,
-# TD3 is DDPG with twin Q, Ape-X DDPG runs Ape-X's plan over DDPG's policy, the composition runs PPO and DQN, BC is
-# MARWIL with beta 0, CQL extends SAC on DQN's plan and discrete CQL extends DQN);
+# TD3 is DDPG with twin Q, Ape-X DDPG runs Ape-X's plan over DDPG's policy, the composition runs PPO and DQN, MARWIL
+# and BC run PG's plan, BC is MARWIL with beta 0, CQL extends SAC on DQN's plan and discrete CQL extends DQN);
 # shared pieces live in modules that register no algorithm (actor_critic, off_policy, vtrace)
 EXTENDS = {"apex": {"dqn"}, "appo": {"impala"}, "multiagent": {"dqn", "ppo"}, "ddpg": {"dqn"}, "sac": {"dqn"},
            "td3": {"ddpg"}, "apex_ddpg": {"apex", "ddpg"}, "r2d2": {"dqn", "apex"}, "ddppo": {"ppo"},
-           "bc": {"marwil"}, "cql": {"dqn", "sac"}, "cql_dqn": {"dqn"}}
+           "marwil": {"pg"}, "bc": {"marwil", "pg"}, "cql": {"dqn", "sac"}, "cql_dqn": {"dqn"}}
 
 
 def top_level(name: str) -> tuple[ast.Module, list[str]]:
