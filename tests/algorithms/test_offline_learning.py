@@ -4,7 +4,6 @@ flat. Each dataset is recorded here, by flowrl's own workers (``output=DIR``).""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from pathlib import Path
 from typing import Any
@@ -13,29 +12,17 @@ import numpy as np
 import psutil
 import pytest
 
+from benchmarks.offline import image_dataset_elsewhere, record, train_to
 from flowrl.algorithms.bc import BCConfig
 from flowrl.algorithms.cql import CQLConfig
 from flowrl.algorithms.marwil import MARWILConfig
 from flowrl.algorithms.ppo import PPOConfig, PPOPolicy
 from flowrl.algorithms.sac import SACConfig, SACPolicy
-from flowrl.policy import Policy
 from flowrl.trainer import Trainer
-from flowrl.workers import RolloutWorker
 
 pytestmark = pytest.mark.slow
 
 SEEDS = (101, 202, 303)
-
-
-def record(policy_class: type[Policy], config: Any, weights: Any, directory: Path, steps: int) -> float:
-    """``steps`` sampled with ``weights`` into ``directory``; the mean return of the episodes that finished."""
-    worker = RolloutWorker(policy_class=policy_class, config=dataclasses.replace(config, output=str(directory)))
-    worker.set_weights(weights)
-    rows = 0
-    while rows < steps:
-        rows += worker.sample().count
-    worker.close_output()
-    return float(np.mean([e.episode_return for e in worker.get_metrics()]))
 
 
 def evaluations(name: str, config: Any, reports: int, stop: float = np.inf) -> list[float]:
@@ -54,13 +41,7 @@ def evaluations(name: str, config: Any, reports: int, stop: float = np.inf) -> l
 def cartpole_data(tmp_path_factory: pytest.TempPathFactory) -> str:
     """100k steps of PPO (seed 0) stopped when its smoothed return reached 100: its episodes return about 150-200,
     from 20 to 500 (mixed quality)."""
-    trainer = Trainer("ppo", PPOConfig(seed=0))
-    try:
-        while trainer.train()["episode_reward_mean"] < 100:
-            pass
-        weights = trainer.workers.local_worker().get_weights()
-    finally:
-        trainer.stop()
+    weights = train_to("ppo", PPOConfig(seed=0), 100)
     directory = tmp_path_factory.mktemp("cartpole")
     behaviour = record(PPOPolicy, PPOConfig(seed=1, num_envs_per_worker=8, rollout_fragment_length=250), weights,
                        directory, 100_000)
@@ -111,7 +92,6 @@ def test_reading_ten_train_batches_keeps_the_drivers_memory_flat(tmp_path: Path)
     the first item and stays there, far below the dataset. Its resident size (RSS) also counts the pages of Ray's
     shared object store it has mapped, which Ray Data keeps to a few blocks at a time but places anew, so that
     figure creeps up as the read goes on; it is printed, not asserted."""
-    from benchmarks.offline import image_dataset_elsewhere
     from flowrl.ops.offline import ReadInput
     from flowrl.testing import make_fake_workers
 
