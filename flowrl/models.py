@@ -748,6 +748,12 @@ class NumpyQ(_NumpyMirror):
             return None
         return NumpyQ(model)
 
+    def invalidate(self) -> None:
+        """Re-read the parameters at the next call; a plain (not dueling) model's mirror holds only views of them,
+        which an in-place update (a fused optimizer step) already changed, so it has nothing to re-read."""
+        if self.model.value is not None:  # the folded dueling layer is computed from the weights
+            super().invalidate()
+
     def _read(self) -> None:
         advantage, value = _linears(self.model.advantage), _linears(self.model.value)
         heads = advantage

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import gymnasium as gym
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from flowrl.models import Categorical, DiagGaussian, ModelConfig, make_model
-from flowrl.policy import Policy, PolicyConfig, TensorBatch
+from flowrl.policy import Policy, PolicyConfig, TensorBatch, step_adam
 from flowrl.sample_batch import ACTIONS, OBS, REWARDS, SampleBatch
 
 BOX4 = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -234,3 +235,61 @@ def test_numpy_acting_is_seeded_restorable_and_optional() -> None:
     assert make_policy(numpy_acting=False).numpy_acting is None
     wide = ModelConfig(hidden_sizes=(256, 256))
     assert ReinforcePolicy(BOX4, gym.spaces.Discrete(2), PolicyConfig(model=wide)).numpy_acting is None
+
+
+# -- step_adam: the fused Adam kernel called directly -------------------------------------------------------------
+
+def adam_pair(groups: int = 1, **kwargs: Any) -> tuple[torch.nn.Module, torch.optim.Adam, torch.nn.Module,
+                                                       torch.optim.Adam]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    twin = copy.deepcopy(model)
+
+    def adam(module: torch.nn.Module) -> torch.optim.Adam:
+        params = list(module.parameters())
+        if groups == 1:
+            return torch.optim.Adam(params, lr=1e-2, eps=1e-7, betas=(0.8, 0.95), **kwargs)
+        return torch.optim.Adam([{"params": params[:2]}, {"params": params[2:], "lr": 3e-3}], lr=1e-2, **kwargs)
+
+    return model, adam(model), twin, adam(twin)
+
+
+def run_steps(model: torch.nn.Module, twin: torch.nn.Module, step: Any, twin_step: Any, steps: int = 6) -> None:
+    for i in range(steps):
+        x = torch.randn(4, 5)
+        for module in (model, twin):
+            module.zero_grad(set_to_none=True)
+            module(x).pow(2).sum().backward()
+            if i == 3:  # a parameter without a gradient: step() leaves it (and its state) alone
+                module[0].bias.grad = None
+        step()
+        twin_step()
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("kwargs", [{"fused": True}, {"fused": True, "weight_decay": 0.1}, {"fused": True, "amsgrad": True},
+                                    {}, {"foreach": False}], ids=["fused", "decay", "amsgrad", "default", "for-loop"])
+def test_step_adam_takes_exactly_the_optimizers_step(groups: int, kwargs: dict[str, Any]) -> None:
+    """Bit for bit, parameters and state: the direct fused call where it applies, step() (the fallback) elsewhere."""
+    model, adam, twin, twin_adam = adam_pair(groups, **kwargs)
+    run_steps(model, twin, adam.step, lambda: step_adam(twin_adam))
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(adam.state[p][key], twin_adam.state[q][key]), key
+    assert float(twin_adam.state[twin[0].bias]["step"]) == 5.0 and float(twin_adam.state[twin[0].weight]["step"]) == 6
+
+
+def test_step_adam_honours_hooks_and_a_patched_step() -> None:
+    _, _, twin, twin_adam = adam_pair(fused=True)
+    calls: list[str] = []
+    handle = twin_adam.register_step_post_hook(lambda *args: calls.append("hook"))
+    twin(torch.ones(1, 5)).sum().backward()
+    for _ in range(2):
+        step_adam(twin_adam)
+    assert calls == ["hook", "hook"]
+    handle.remove()
+    original = twin_adam.step
+    twin_adam.step = lambda *args, **kwargs: calls.append("patched") or original()  # type: ignore[method-assign]
+    step_adam(twin_adam)
+    assert calls[-1] == "patched" and float(next(iter(twin_adam.state.values()))["step"]) == 3

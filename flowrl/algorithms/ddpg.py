@@ -37,7 +37,7 @@ from flowrl.config import ModelConfig, PolicyConfig
 from flowrl.envs.base import EnvSpec
 from flowrl.models import ActorModel, ContinuousQModel, NumpyMLP
 from flowrl.policy import (NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, _to_numpy_tree, _to_torch_tree,
-                           column_tensor, load_module_weights, make_adam, module_weights)
+                           column_tensor, load_module_weights, make_adam, module_weights, step_adam)
 from flowrl.sample_batch import ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, WEIGHTS, SampleBatch
 from flowrl.validation import bounded
 
@@ -372,7 +372,7 @@ class DDPGPolicy(Policy):
         stats: dict[str, Any] = {}
         applied = False
         if finite:
-            self.optimizer.step()
+            step_adam(self.optimizer)
             self.num_critic_updates += 1
             applied = True
             if self.num_critic_updates % self.config.policy_delay == 0:
@@ -383,7 +383,7 @@ class DDPGPolicy(Policy):
                     p.grad = g
                 finite, actor_norm = self._clip_and_check(actor_params)
                 if finite:
-                    self.actor_optimizer.step()
+                    step_adam(self.actor_optimizer)
                     self.num_actor_updates += 1
                     self._actor_loss = float(actor_loss.detach())
                     if actor_norm is not None:

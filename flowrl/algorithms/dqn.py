@@ -42,6 +42,7 @@ from flowrl.ops import (Concurrently, ParallelRollouts, Replay, StandardMetricsR
                         UpdatePriorities, UpdateTargetNetwork, train_one_step)
 from flowrl.policy import (NONFINITE_UPDATES_SKIPPED, Policy, TensorBatch, column_tensor, load_module_weights,
                            make_adam, module_weights)
+from flowrl.q_gradients import QGradients
 from flowrl.replay_buffers import LocalReplayBuffer
 from flowrl.sample_batch import (ACTIONS, NEXT_OBS, OBS, REWARDS, TD_ERROR, TERMINATEDS, TRUNCATEDS, WEIGHTS,
                                  AnyBatch, SampleBatch)
@@ -63,6 +64,9 @@ class DQNConfig(OffPolicyConfig):
         dueling: ``Q = V + A - mean(A)`` from separate value and advantage heads.
         hiddens: widths of each head's hidden layers, after the ``model.hidden_sizes`` torso ((256,)).
         huber_delta: the Huber loss is quadratic for ``|td_error| < huber_delta`` and linear beyond (1.0).
+        manual_gradients: on the CPU, a plain MLP Q-network learns through :class:`~flowrl.q_gradients.QGradients`
+            (the loss's gradients derived by hand: autograd's numbers to float32 rounding, in ~40% of its time on
+            small batches); ``False`` always learns through autograd.
         target_network_update_freq: sampled env steps between target-network copies (500).
         initial_epsilon / final_epsilon / epsilon_timesteps: epsilon-greedy exploration anneals linearly from
             1.0 to 0.02 over the first 10000 sampled steps, then stays.
@@ -77,6 +81,7 @@ class DQNConfig(OffPolicyConfig):
     dueling: bool = True
     hiddens: tuple[int, ...] = (256,)
     huber_delta: float = bounded(1.0, gt=0, meaning="the Huber loss is linear beyond it")
+    manual_gradients: bool = True
     initial_epsilon: float = bounded(1.0, ge=0, le=1, meaning="the exploration probability at the start")
     final_epsilon: float = bounded(0.02, ge=0, le=1, meaning="the exploration probability after the anneal")
     epsilon_timesteps: int = bounded(10000, ge=0, meaning="sampled steps over which epsilon anneals")
@@ -218,6 +223,7 @@ class DQNPolicy(Policy):
         self.numpy_q = NumpyQ.build(self.model) if config.numpy_acting else None  # the Q-values it acts on
         self._td_error: np.ndarray = np.zeros(0, np.float32)
         self._params = list(self.model.parameters())
+        self.q_gradients = QGradients.build(self.model, self.target_model) if config.manual_gradients else None
         self._grads_known_finite = False  # set by a clipped step whose norm proved every gradient finite
 
     # -- acting -----------------------------------------------------------------------------------
@@ -274,19 +280,51 @@ class DQNPolicy(Policy):
                 next_q_B = target_q_BA.gather(1, online_next_q_BA.argmax(dim=1, keepdim=True)).squeeze(1)
             else:  # the target network's own greedy action: its value is the row's max
                 next_q_B = target_q_BA.amax(dim=1)
-            if NSTEP_DISCOUNTS in batch:
-                discounts_B = batch[NSTEP_DISCOUNTS].float()
-            else:  # a batch that skipped postprocessing: one-step windows
-                discounts_B = cfg.gamma * (~batch[TERMINATEDS].bool()).float()
-            targets_B = batch[REWARDS].float() + discounts_B * next_q_B
-        td_error_B = q_B.detach() - targets_B
+            targets_B = batch[REWARDS].float() + self._discounts(batch) * next_q_B
         huber_B = nn.functional.huber_loss(q_B, targets_B, reduction="none", delta=cfg.huber_delta)
         loss = (batch[WEIGHTS].float() * huber_B).mean() if WEIGHTS in batch else huber_B.mean()  # x 1: exact
+        return loss, self._td_stats(q_B.detach(), q_B.detach() - targets_B)
+
+    def _discounts(self, batch: TensorBatch) -> torch.Tensor:
+        """Each row's bootstrap factor: ``nstep_discounts``, or for a batch that skipped postprocessing one-step
+        windows, ``gamma`` where the episode did not terminate."""
+        if NSTEP_DISCOUNTS in batch:
+            return batch[NSTEP_DISCOUNTS].float()
+        return self.config.gamma * (~batch[TERMINATEDS].bool()).float()
+
+    def _td_stats(self, q_B: torch.Tensor, td_error_B: torch.Tensor) -> dict[str, float]:
+        """Keeps the TD errors for ``learn_on_tensors``; the loss's stats, read on the CPU copy of ``Q(s, a)``."""
         self._td_error = td_error_B.numpy() if td_error_B.device.type == "cpu" else td_error_B.cpu().numpy()
-        q = q_B.detach().cpu().numpy()
-        stats = {"mean_q": float(q.mean()), "min_q": float(q.min()), "max_q": float(q.max()),
-                 "mean_abs_td_error": float(np.abs(self._td_error).mean()), "cur_epsilon": self.epsilon}
-        return loss, stats
+        q = q_B.cpu().numpy()
+        return {"mean_q": float(q.mean()), "min_q": float(q.min()), "max_q": float(q.max()),
+                "mean_abs_td_error": float(np.abs(self._td_error).mean()), "cur_epsilon": self.epsilon}
+
+    def _loss_and_gradients(self, batch: TensorBatch) -> tuple[float, dict[str, float]]:
+        """The loss's value and stats, with every parameter's ``.grad`` set to the loss's gradient: through
+        :attr:`q_gradients` when it applies (``DQNConfig.manual_gradients``, this class's own loss, the models it
+        was built for), else through autograd."""
+        kernel = self.q_gradients
+        if (kernel is None or type(self).loss is not DQNPolicy.loss or kernel.model is not self.model
+                or kernel.target_model is not self.target_model):
+            loss, stats = self.loss(batch)
+            for p in self._params:  # optimizer.zero_grad(set_to_none=True)
+                p.grad = None
+            loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
+            return float(loss.detach()), stats
+        step = kernel(batch[OBS], batch[ACTIONS], batch[REWARDS], self._discounts(batch), batch[NEXT_OBS],
+                      double_q=self.config.double_q, huber_delta=self.config.huber_delta, weights=batch.get(WEIGHTS))
+        for p, grad in zip(self._params, step.grads):
+            p.grad = grad
+        return step.loss, self._td_stats(step.q, step.td_error)
+
+    def _backward(self, tensors: TensorBatch) -> dict[str, float]:
+        if not self.model.training:
+            self.model.train()
+        loss, stats = self._loss_and_gradients(tensors)
+        norm = self._finish_gradients(self.collective_weight)
+        if norm is not None:
+            stats["grad_gnorm"] = norm
+        return {"loss": loss, **stats}
 
     def learn_on_tensors(self, tensors: TensorBatch) -> dict[str, Any]:
         """One optimizer step; ``{"learner_stats": ..., "td_error": [B]}``. A TD error that is not finite (the
@@ -311,20 +349,19 @@ class DQNPolicy(Policy):
     def _lean_step(self, tensors: TensorBatch, max_norm: float) -> dict[str, Any]:
         if not self.model.training:
             self.model.train()
-        loss, stats = self.loss(tensors)
-        params = self._params
-        for p in params:  # optimizer.zero_grad(set_to_none=True)
-            p.grad = None
-        loss.backward()  # type: ignore[no-untyped-call]  # torch's backward is untyped
-        grads = [p.grad for p in params if p.grad is not None]
+        loss, stats = self._loss_and_gradients(tensors)
+        grads = [p.grad for p in self._params if p.grad is not None]
         norm = 0.0
-        if grads:  # torch.nn.utils.clip_grad_norm_ on one device and dtype (its foreach path), op for op
-            total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
-            torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
-            norm = float(total)
+        if grads:  # torch.nn.utils.clip_grad_norm_ on one device and dtype (its foreach path), bit for bit:
+            norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0))
+            # its factor min(max_norm * (1 / (norm + 1e-6)), 1) in float32 arithmetic (as torch computes it), and
+            # the multiply only where the factor is below 1 (x 1 changes nothing; a NaN norm fails the check below)
+            factor = np.float32(max_norm) * (np.float32(1.0) / (np.float32(norm) + np.float32(1e-6)))
+            if factor < 1.0:
+                torch._foreach_mul_(grads, float(factor))
         self._grads_known_finite = math.isfinite(norm)
         stats["grad_gnorm"] = norm
-        out = {"loss": float(loss.detach()), **stats}
+        out = {"loss": loss, **stats}
         self.optimizer_step()
         if self.num_nonfinite_updates_skipped:
             out[NONFINITE_UPDATES_SKIPPED] = self.num_nonfinite_updates_skipped
