@@ -332,10 +332,12 @@ class DQNPolicy(Policy):
         replay priority instead of a NaN one.
 
         The step is :class:`~flowrl.policy.Policy`'s (loss, backward, gradient clipping, a skipped update on a
-        non-finite gradient, the optimizer step) with less per-op overhead: the parameter list is kept, the
-        gradients are cleared and clipped by torch's own foreach kernels without the wrappers' dispatch, and a
+        non-finite gradient, the optimizer step) with less per-op overhead: the gradients come from
+        :attr:`q_gradients` where it applies (no autograd graph), the parameter list is kept, the gradients are
+        clipped as ``clip_grad_norm_`` clips them (the same bits, multiplied only when the factor is below 1), a
         clipped norm that is finite proves every gradient finite (a NaN or inf in any makes the norm so), so the
-        per-gradient check runs only when it is not.
+        per-gradient check runs only when it is not, and a fused Adam steps without its wrapper
+        (:func:`~flowrl.policy.step_adam`).
         """
         if self.config.grad_clip is None or self.device.type != "cpu":
             info = Policy.learn_on_tensors(self, tensors)
