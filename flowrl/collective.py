@@ -11,6 +11,11 @@ Backends: ``"gloo"`` (CPU tensors; works everywhere) and ``"nccl"`` (CUDA tensor
 needs one process per member, so it needs Ray actors (``executor="ray"``): the local executor runs every actor
 in the driver's process, where only one member could live.
 
+Members on one machine exchange gradients through shared memory instead of gloo's sockets (:class:`_SharedSum`):
+each writes its gradients into its own file in ``/dev/shm`` and waits at a barrier of one byte per member through
+named pipes, then every member sums all the files in rank order. With 4 members on 2 cores and 1 ms of work between
+exchanges, a step took 2.0 ms this way against 5.4 ms through gloo (the cores' 4 ms of work is 2.0 ms at best).
+
 Examples:
     >>> Rendezvous("127.0.0.1", 29500, world_size=2, backend="gloo", timeout_s=60.0).init_method
     'tcp://127.0.0.1:29500'
@@ -22,14 +27,20 @@ Examples:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import math
 import os
+import select
+import shutil
 import socket
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -132,6 +143,10 @@ class Collective:
         self.rank, self.world_size, self.rendezvous = rank, rendezvous.world_size, rendezvous
         self._device = torch.device("cuda", torch.cuda.current_device()) if rendezvous.backend == "nccl" \
             else torch.device("cpu")
+        self._shared: _SharedSum | None = None
+        if rendezvous.backend == "gloo" and self.world_size > 1:
+            with _peers("setting up the shared-memory exchange", self):
+                self._shared = _SharedSum.connect(self)
 
     def average_gradients(self, params: Iterable[torch.nn.Parameter], weight: float | None = None) -> None:
         """Replaces every parameter's gradient by the weighted sum over members of theirs, ``sum_m weight_m g_m``
@@ -162,6 +177,8 @@ class Collective:
         everywhere; on loopback a gather of a small model's gradients takes about a fifth of gloo's all-reduce);
         else one all-reduce."""
         n = flat.numel()
+        if self._shared is not None and self._shared.fits(flat):
+            return self._shared.sum(flat)
         if self.rendezvous.backend != "gloo" or n * self.world_size * flat.element_size() > GATHER_LIMIT_BYTES:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             return flat
@@ -185,11 +202,168 @@ class Collective:
 
     def close(self) -> None:
         """Leaves the group (this process's default group); a group broken by a lost member is left all the same."""
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except RuntimeError:
                 pass
+
+
+#: where members on one machine share their gradients (a tmpfs on Linux); without it they use gloo
+SHARED_MEMORY_ROOT = "/dev/shm"
+
+
+class _SharedSum:
+    """:meth:`Collective._sum` for members on one machine: shared-memory files and a barrier through named pipes.
+
+    Each member owns a file ``slot<rank>`` in a directory rank 0 made under :data:`SHARED_MEMORY_ROOT`, two halves of
+    ``n`` floats that calls use in turn: a call writes this member's tensor into its half, passes the barrier and sums
+    every member's half in rank order (the same bits on every member, as gloo's gather path gives). Writing the other
+    half next time is safe without a second barrier: a member reaches the next barrier only after it has read this
+    call's halves. The barrier is a star around rank 0: each member writes a byte into its pipe ``up<rank>``; rank 0
+    reads one from every member, then writes one into every ``down<rank>``. A member that died shows as the end of
+    its pipe (or a broken one), a hung one as the group's timeout, and both raise :class:`PeerLostError`; rank 0 then
+    closes its pipes so that every other member sees the loss at once too.
+
+    :meth:`connect` sets it up over the gloo group, or returns ``None`` when some member cannot open the directory
+    (another machine, no :data:`SHARED_MEMORY_ROOT`): the group then exchanges through gloo. The first call fixes
+    ``n``; a tensor of another size goes through gloo. Once every member holds the pipes open (after
+    :meth:`connect`) and the files mapped (after the first call), their names are removed: the memory is the
+    kernel's until the last member closes or dies, so a killed group leaves nothing in :data:`SHARED_MEMORY_ROOT`.
+    """
+
+    def __init__(self, rank: int, world_size: int, directory: str, timeout_s: float) -> None:
+        self.rank, self.world_size, self.directory, self.timeout_s = rank, world_size, directory, timeout_s
+        self._fds: list[int] = []
+        self._reads: list[int] = []  # rank 0: every member's up pipe; a member: its down pipe
+        self._writes: list[int] = []  # rank 0: every member's down pipe; a member: its up pipe
+        self._slots: list[np.ndarray] = []
+        self._size: int | None = None
+        self._calls = 0
+
+    @staticmethod
+    def connect(collective: Collective) -> _SharedSum | None:
+        rank, world = collective.rank, collective.world_size
+        directory = ""
+        if rank == 0 and os.path.isdir(SHARED_MEMORY_ROOT):
+            try:
+                directory = tempfile.mkdtemp(prefix="flowrl-collective-", dir=SHARED_MEMORY_ROOT)
+                atexit.register(shutil.rmtree, directory, True)  # (a normal exit before the first exchange)
+                for r in range(1, world):
+                    os.mkfifo(os.path.join(directory, f"up{r}"))
+                    os.mkfifo(os.path.join(directory, f"down{r}"))
+            except OSError:
+                directory = ""
+        shared = [directory]
+        dist.broadcast_object_list(shared, src=0)
+        directory = shared[0]
+        sees: list[Any] = [False] * world  # whether this member finds rank 0's directory (and its pipe)
+        dist.all_gather_object(sees, bool(directory) and os.path.exists(os.path.join(directory, f"up{max(rank, 1)}")))
+        if not all(sees):  # some member runs elsewhere: gloo it is
+            if rank == 0 and directory:
+                shutil.rmtree(directory, ignore_errors=True)
+            return None
+        shared_sum = _SharedSum(rank, world, directory, collective.rendezvous.timeout_s)
+        try:
+            # a pipe opens for writing only once its reader has it open: readers first, then writers
+            path, own = os.path.join, shared_sum._open
+            if rank == 0:
+                shared_sum._reads = [own(path(directory, f"up{r}"), os.O_RDONLY | os.O_NONBLOCK) for r in range(1, world)]
+            else:
+                shared_sum._reads = [own(path(directory, f"down{rank}"), os.O_RDONLY | os.O_NONBLOCK)]
+            dist.barrier()
+            if rank == 0:
+                shared_sum._writes = [own(path(directory, f"down{r}"), os.O_WRONLY) for r in range(1, world)]
+            else:
+                shared_sum._writes = [own(path(directory, f"up{rank}"), os.O_WRONLY)]
+            dist.barrier()
+            if rank == 0:  # open pipes need no names: nothing is left behind if a member is killed from now on
+                for r in range(1, world):
+                    os.unlink(path(directory, f"up{r}"))
+                    os.unlink(path(directory, f"down{r}"))
+        except BaseException:
+            shared_sum.close()
+            raise
+        return shared_sum
+
+    def _open(self, path: str, flags: int) -> int:
+        fd = os.open(path, flags)
+        self._fds.append(fd)
+        return fd
+
+    def fits(self, flat: torch.Tensor) -> bool:
+        """Whether :meth:`sum` takes ``flat`` (float32 on the CPU, the size of the first call's)."""
+        return flat.dtype == torch.float32 and flat.device.type == "cpu" and (
+            self._size is None or flat.numel() == self._size)
+
+    def _map_slots(self, n: int) -> None:
+        mine = os.path.join(self.directory, f"slot{self.rank}")
+        with open(mine, "wb") as f:
+            f.truncate(2 * n * 4)
+        self._barrier()  # every member's file exists at its size before anyone maps it
+        self._slots = [np.memmap(os.path.join(self.directory, f"slot{r}"), dtype=np.float32,
+                                 mode="r+" if r == self.rank else "r", shape=(2, n)) for r in range(self.world_size)]
+        self._size = n
+        self._barrier()  # every member has mapped every file: their names can go (the maps keep the memory)
+        if self.rank == 0:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def sum(self, flat: torch.Tensor) -> torch.Tensor:
+        """The members' ``flat`` summed element-wise in rank order."""
+        if self._size is None:
+            self._map_slots(flat.numel())
+        half = self._calls % 2
+        self._calls += 1
+        self._slots[self.rank][half] = flat.numpy()
+        self._barrier()
+        return torch.from_numpy(np.stack([slot[half] for slot in self._slots])).sum(0)
+
+    def _barrier(self) -> None:
+        if not self._fds:
+            raise PeerLostError(f"rank {self.rank}'s shared-memory exchange was closed after a lost member")
+        try:
+            if self.rank == 0:
+                self._read_each(self._reads)
+                for fd in self._writes:
+                    os.write(fd, b"x")
+            else:
+                os.write(self._writes[0], b"x")
+                self._read_each(self._reads)
+        except (OSError, PeerLostError) as e:
+            self.close()  # (rank 0's closed pipes tell every other member at once)
+            raise PeerLostError(f"a member of a shared-memory group of {self.world_size} was lost (seen by rank "
+                                f"{self.rank}): {e}") from e
+
+    def _read_each(self, fds: list[int]) -> None:
+        """One byte from each of ``fds``, waiting at most the group's timeout in all."""
+        waiting = set(fds)
+        poller = select.poll()
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + self.timeout_s
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerLostError(f"{len(waiting)} member(s) did not reach the barrier within {self.timeout_s:g} s")
+            for fd, _ in poller.poll(left * 1000):
+                if fd not in waiting:
+                    continue
+                if not os.read(fd, 1):  # the writer's end closed: that process is gone
+                    raise PeerLostError("a member's pipe closed (the process died or left the group)")
+                waiting.discard(fd)
+                poller.unregister(fd)
+
+    def close(self) -> None:
+        """Closes this member's pipes and maps; rank 0 removes the directory."""
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds, self._reads, self._writes, self._slots = [], [], [], []
+        if self.rank == 0:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class CollectiveMember:
