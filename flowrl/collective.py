@@ -230,7 +230,8 @@ class _SharedSum:
 
     :meth:`connect` sets it up over the gloo group, or returns ``None`` when some member cannot open the directory
     (another machine, no :data:`SHARED_MEMORY_ROOT`): the group then exchanges through gloo. The first call fixes
-    ``n``; a tensor of another size goes through gloo. Once every member holds the pipes open (after
+    ``n`` and reserves the files' memory (all members' files may take at most half of the free space); if some
+    member cannot, the group stays on gloo. A tensor of another size goes through gloo. Once every member holds the pipes open (after
     :meth:`connect`) and the files mapped (after the first call), their names are removed: the memory is the
     kernel's until the last member closes or dies, so a killed group leaves nothing in :data:`SHARED_MEMORY_ROOT`.
     """
@@ -295,26 +296,48 @@ class _SharedSum:
         return fd
 
     def fits(self, flat: torch.Tensor) -> bool:
-        """Whether :meth:`sum` takes ``flat`` (float32 on the CPU, the size of the first call's)."""
-        return flat.dtype == torch.float32 and flat.device.type == "cpu" and (
-            self._size is None or flat.numel() == self._size)
+        """Whether :meth:`sum` takes ``flat``: float32 on the CPU, of the first call's size. The first call (every
+        member makes it, as every call here) reserves the members' files: when some member cannot (a full or small
+        ``/dev/shm``), no call ever does and the group sums through gloo."""
+        if flat.dtype != torch.float32 or flat.device.type != "cpu":
+            return False
+        if self._size is None:
+            self._size = self._map_slots(flat.numel())
+        return flat.numel() == self._size
 
-    def _map_slots(self, n: int) -> None:
+    def _map_slots(self, n: int) -> int:
+        """Creates and reserves this member's file of two halves of ``n`` floats and maps every member's; ``n``, or
+        -1 when some member could not reserve its file (then nothing is mapped)."""
         mine = os.path.join(self.directory, f"slot{self.rank}")
-        with open(mine, "wb") as f:
-            f.truncate(2 * n * 4)
-        self._barrier()  # every member's file exists at its size before anyone maps it
+        size = 2 * n * 4
+        try:
+            free = os.statvfs(self.directory)
+            reserved = self.world_size * size <= free.f_bavail * free.f_frsize // 2  # leave the rest to others
+            if reserved:
+                fd = os.open(mine, os.O_RDWR | os.O_CREAT, 0o600)
+                try:  # the pages now: a tmpfs that fills up later would kill the process at a write (SIGBUS)
+                    os.posix_fallocate(fd, 0, size)
+                finally:
+                    os.close(fd)
+        except OSError:
+            reserved = False
+        everyone: list[Any] = [False] * self.world_size
+        dist.all_gather_object(everyone, reserved)
+        if not all(everyone):
+            with contextlib.suppress(OSError):
+                os.unlink(mine)
+            if self.rank == 0:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            return -1
         self._slots = [np.memmap(os.path.join(self.directory, f"slot{r}"), dtype=np.float32,
                                  mode="r+" if r == self.rank else "r", shape=(2, n)) for r in range(self.world_size)]
-        self._size = n
         self._barrier()  # every member has mapped every file: their names can go (the maps keep the memory)
         if self.rank == 0:
             shutil.rmtree(self.directory, ignore_errors=True)
+        return n
 
     def sum(self, flat: torch.Tensor) -> torch.Tensor:
-        """The members' ``flat`` summed element-wise in rank order."""
-        if self._size is None:
-            self._map_slots(flat.numel())
+        """The members' ``flat`` summed element-wise in rank order (after :meth:`fits` said yes)."""
         half = self._calls % 2
         self._calls += 1
         self._slots[self.rank][half] = flat.numpy()

@@ -47,7 +47,8 @@ def leftovers() -> list[str]:
     return sorted(name for name in os.listdir(collective.SHARED_MEMORY_ROOT) if name.startswith("flowrl-collective-"))
 
 
-def _sums(rank: int, world: int, port: int, queue: Any, no_root: bool, hide_from: int | None) -> None:
+def _sums(rank: int, world: int, port: int, queue: Any, no_root: bool, hide_from: int | None,
+          no_space_at: int | None = None) -> None:
     import torch
 
     from flowrl import collective as c
@@ -56,6 +57,8 @@ def _sums(rank: int, world: int, port: int, queue: Any, no_root: bool, hide_from
         c.SHARED_MEMORY_ROOT = "/nonexistent/flowrl-test"
     if hide_from == rank:  # this member cannot see rank 0's directory, as on another machine
         c.os.path.exists = lambda path: False  # type: ignore[assignment]
+    if no_space_at == rank:  # this member's /dev/shm has no room for the files
+        c.os.statvfs = lambda path: os.statvfs_result((4096, 4096, 100, 0, 0, 100, 0, 0, 0, 255))  # type: ignore
     group = c.Collective(rank, c.Rendezvous("127.0.0.1", port, world, "gloo", 30.0))
     generator = torch.Generator().manual_seed(rank)
     shared, gloo = [], []
@@ -69,7 +72,8 @@ def _sums(rank: int, world: int, port: int, queue: Any, no_root: bool, hide_from
         out = torch.empty(world * scaled.numel())
         c._all_gather_single(out, scaled)  # the gloo gather path, for comparison
         gloo.append(out.view(world, -1).sum(0))
-    queue.put((rank, (group._shared is not None, all(torch.equal(a, b) for a, b in zip(shared, gloo)),
+    through_memory = group._shared is not None and group._shared._size == 3001  # (-1: the files found no room)
+    queue.put((rank, (through_memory, all(torch.equal(a, b) for a, b in zip(shared, gloo)),
                       [float(s[0]) for s in shared])))
     group.close()
 
@@ -81,11 +85,14 @@ def test_shared_memory_sums_equal_the_gloo_sums_on_every_member_and_leave_nothin
     assert leftovers() == []
 
 
-def test_a_group_that_cannot_share_memory_uses_gloo() -> None:
-    for no_root, hide_from in [(True, None), (False, 2)]:
-        results = run_group(3, _sums, no_root, hide_from)
-        assert {rank: r[:2] for rank, r in results.items()} == {0: (False, True), 1: (False, True), 2: (False, True)}
-        assert leftovers() == []
+@pytest.mark.parametrize("no_root, hide_from, no_space_at", [
+    pytest.param(True, None, None, marks=pytest.mark.slow), (False, 2, None), (False, None, 1)],
+    ids=["no-dev-shm", "another-machine", "no-room"])
+def test_a_group_that_cannot_share_memory_uses_gloo(no_root: bool, hide_from: int | None,
+                                                    no_space_at: int | None) -> None:
+    results = run_group(3, _sums, no_root, hide_from, no_space_at)
+    assert {rank: r[:2] for rank, r in results.items()} == {0: (False, True), 1: (False, True), 2: (False, True)}
+    assert leftovers() == []
 
 
 def _loses_a_member(rank: int, world: int, port: int, queue: Any, how: str) -> None:
