@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import time
 from typing import Any, Callable
 
@@ -17,19 +16,13 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(collective.SHARED_MEMORY_ROOT)
                                 reason=f"no {collective.SHARED_MEMORY_ROOT} here: groups always use gloo")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_group(world: int, member: Callable[..., None], *args: Any, expect: int | None = None,
               timeout_s: float = 60.0) -> dict[int, Any]:
     """Runs ``member(rank, world, port, queue, *args)`` in ``world`` fresh processes; each puts ``(rank, result)``
     on the queue; returns the results by rank (``expect`` of them: fewer when a member dies)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    port = collective.CollectiveMember().collective_rendezvous()[1]  # a port free on this machine now
     procs = [ctx.Process(target=member, args=(rank, world, port, queue, *args)) for rank in range(world)]
     for p in procs:
         p.start()
