@@ -1,12 +1,12 @@
 """Scaling the learner: DD-PPO against PPO on the same workers, and a learner group of 2 CPU learners against the
 driver's lone learner.
 
-- ``ddppo``: CartPole-v1 with 2 and 4 workers (5 envs each, fragments of 100 steps), DD-PPO (every worker learns
-  on its own 500 steps, gradients all-reduced) against PPO with the same workers, once with the same update (train
-  batches of every worker's fragment, minibatches of ``workers x 50`` rows, 10 epochs, lr 5e-5, no KL penalty:
-  ``ppo``) and once with PPO's defaults (batches of 4000 steps, 30 epochs of minibatches of 128: ``ppo_defaults``):
-  env steps per second (after the first iteration) and the seconds and env steps to a smoothed return of 450,
-  medians over ``--repeats`` seeds (each run stops at 450 or ``--max-steps``).
+- ``ddppo``: CartPole-v1 with 2 and 4 workers (5 envs each, fragments of 100 steps), DD-PPO with its defaults (every
+  worker learns on its own 500 steps, gradients all-reduced) against PPO with the same workers, once with the same
+  update (train batches of every worker's fragment, minibatches of ``workers x 50`` rows, 10 epochs, DD-PPO's lr
+  5e-4, no KL penalty: ``ppo``) and once with PPO's defaults (batches of 4000 steps, 30 epochs of minibatches of
+  128, lr 5e-5: ``ppo_defaults``): env steps per second (after the first iteration) and the seconds and env steps
+  to a smoothed return of 450, medians over ``--repeats`` seeds (each run stops at 450 or ``--max-steps``).
 - ``learners``: PPO's learner step (``LearnOnBatch``, 2 epochs of minibatches of 1/4 of the batch, hidden layers
   256x256) on batches of 1k to 64k CartPole rows: learner samples (rows x epochs) per second with one learner (the
   driver) and with ``num_learners=2`` CPU learners; the crossover is the smallest batch at which the group is
@@ -15,7 +15,8 @@ driver's lone learner.
 
 Run: ``python benchmarks/learners.py [--quick] [--parts ddppo,learners] [--two-nodes] [--out PATH]``; the last line
 is ``ddppo_vs_ppo_throughput_4w=... ddppo_vs_ppo_time_to_450_4w=... ddppo_vs_ppo_defaults_throughput_4w=...
-learner_group_crossover_rows=...``.
+ddppo_vs_ppo_defaults_steps_to_450_4w=... ddppo_vs_ppo_defaults_time_to_450_4w=... learner_group_crossover_rows=...``
+(each above 1 where DD-PPO does better).
 """
 
 from __future__ import annotations
@@ -75,14 +76,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def _configs(workers: int, seed: int) -> dict[str, Any]:
     """DD-PPO's defaults and PPO doing the same update on the same workers."""
-    common = {"env": "CartPole-v1", "seed": seed, "num_workers": workers, "num_envs_per_worker": 5,
-              "rollout_fragment_length": 100, "num_sgd_iter": 10, "lr": 5e-5, "kl_coeff": 0.0,
-              "num_cpus_per_worker": min(1.0, 2.0 / workers)}
-    sampling = {k: common[k] for k in ("env", "seed", "num_workers", "num_envs_per_worker", "rollout_fragment_length",
-                                       "num_cpus_per_worker")}
-    return {"ddppo": DDPPOConfig(**common, sgd_minibatch_size=50),
-            "ppo": PPOConfig(**common, train_batch_size=workers * 500, sgd_minibatch_size=workers * 50),
-            "ppo_defaults": PPOConfig(**sampling)}
+    sampling = {"env": "CartPole-v1", "seed": seed, "num_workers": workers, "num_envs_per_worker": 5,
+                "rollout_fragment_length": 100, "num_cpus_per_worker": min(1.0, 2.0 / workers)}
+    ddppo = DDPPOConfig(**sampling)
+    same_update = {"train_batch_size": ddppo.actual_train_batch_size,
+                   "sgd_minibatch_size": workers * ddppo.sgd_minibatch_size, "num_sgd_iter": ddppo.num_sgd_iter,
+                   "lr": ddppo.lr, "kl_coeff": ddppo.kl_coeff}
+    return {"ddppo": ddppo, "ppo": PPOConfig(**sampling, **same_update), "ppo_defaults": PPOConfig(**sampling)}
 
 
 def run_to_450(algo: str, config: Any, max_steps: int) -> dict[str, Any]:
@@ -195,6 +195,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         summary["ddppo_vs_ppo_time_to_450_4w"] = by[4, "ppo"]["seconds_to_450"] / by[4, "ddppo"]["seconds_to_450"]
         summary["ddppo_vs_ppo_defaults_throughput_4w"] = (by[4, "ddppo"]["steps_per_s"]
                                                           / by[4, "ppo_defaults"]["steps_per_s"])
+        summary["ddppo_vs_ppo_defaults_steps_to_450_4w"] = (by[4, "ppo_defaults"]["steps_to_450"]
+                                                            / by[4, "ddppo"]["steps_to_450"])
+        summary["ddppo_vs_ppo_defaults_time_to_450_4w"] = (by[4, "ppo_defaults"]["seconds_to_450"]
+                                                           / by[4, "ddppo"]["seconds_to_450"])
     if "learners" in args.parts:
         rows = out["learners"] = part_learners(args)
         if args.two_nodes:
