@@ -83,6 +83,8 @@ class IMPALAConfig(TrainerConfig):
         after_train_step: ``None``, or a factory ``(workers, config) -> stage`` applied to each learner output.
         vtrace_clip_rho_threshold: ``rho_bar``, V-trace's clip of the importance weights (1.0).
         vtrace_clip_pg_rho_threshold: the clip of the policy gradient's importance weights (1.0).
+        vtrace_lambda: the traces' lambda, ``c_i = lambda min(1, pi / mu)`` (1.0: the paper's V-trace; below 1 cuts
+            the traces as GAE's lambda does, e.g. 0.95 as PPO's Atari settings).
         vf_loss_coeff: weight of the value loss ``0.5 * mean((V - vs)^2)`` (0.5).
         entropy_coeff: weight of the entropy bonus (0.01).
         normalize_advantages: standardise the policy gradient's V-trace advantages over each train batch (mean 0,
@@ -109,6 +111,7 @@ class IMPALAConfig(TrainerConfig):
 
     vtrace_clip_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
     vtrace_clip_pg_rho_threshold: float = bounded(1.0, gt=0, meaning="1.0 is the paper's choice")
+    vtrace_lambda: float = bounded(1.0, ge=0, le=1, meaning="1.0: the paper's V-trace, 0.95: GAE-like traces")
     vf_loss_coeff: float = bounded(0.5, ge=0, meaning="0 leaves the value head untrained")
     entropy_coeff: float = bounded(0.01, ge=0, meaning="0 turns the entropy bonus off")
     normalize_advantages: bool = False
@@ -313,7 +316,7 @@ class IMPALAPolicy(Policy):
         out = vtrace(behaviour_logp=layout(batch[LOGP]), target_logp=layout(logp), rewards=layout(batch[REWARDS]),
                      values=layout(values), bootstrap_value=bootstrap, discounts=layout(cfg.gamma * (1.0 - terminated)),
                      clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
-                     clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold)
+                     clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold, lambda_=cfg.vtrace_lambda)
         return VTraceReturns(*(x[time_index, piece_index] for x in (out.vs, out.pg_advantages, out.clipped_rhos)))
 
     def policy_advantages(self, targets: VTraceReturns) -> torch.Tensor:

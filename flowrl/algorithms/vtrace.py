@@ -1,7 +1,7 @@
 """V-trace off-policy targets (IMPALA, Espeholt et al. 2018, https://arxiv.org/abs/1802.01561, §4.1).
 
 For a trajectory piece ``x_s .. x_{s+n-1}`` sampled by a behaviour policy ``mu`` and learned by ``pi``, with
-``rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))``, ``c_t = min(1, pi(a_t|x_t) / mu(a_t|x_t))`` and
+``rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))``, ``c_t = lambda min(1, pi(a_t|x_t) / mu(a_t|x_t))`` and
 ``delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))``, the n-step V-trace target is
 
     v_s = V(x_s) + sum_{t=s}^{s+n-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t V
@@ -9,6 +9,10 @@ For a trajectory piece ``x_s .. x_{s+n-1}`` sampled by a behaviour policy ``mu``
 computed backwards as ``v_s - V(x_s) = delta_s V + gamma_s c_s (v_{s+1} - V(x_{s+1}))``, and the policy
 gradient advantage is ``rho^pg_s (r_s + gamma_s v_{s+1} - V(x_s))`` with ``rho^pg_s`` clipped at
 ``clip_pg_rho_threshold``. Past a piece's last step, ``v`` is the bootstrap value ``V(x_{s+n})``.
+
+``lambda`` (the paper's §4.1 remark: ``c_i = lambda min(c_bar, rho_i)``) is 1 in the paper's V-trace. Below 1
+it cuts the traces as GAE's lambda does: on-policy, ``v_s - V(x_s)`` is then GAE(gamma, lambda)'s advantage, trading
+the variance of long returns for the bias of the value function.
 
 ``gamma_t`` is a per-step discount: 0 where the episode terminated at step ``t`` (no future value), ``gamma``
 otherwise. A truncated episode, or a fragment cut mid-episode, keeps ``gamma`` and bootstraps from the value of
@@ -56,7 +60,8 @@ def _clip(x: torch.Tensor, threshold: float | None) -> torch.Tensor:
 @torch.no_grad()
 def vtrace(*, behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rewards: torch.Tensor, values: torch.Tensor,
            bootstrap_value: torch.Tensor, discounts: torch.Tensor, clip_rho_threshold: float | None = 1.0,
-           clip_pg_rho_threshold: float | None = 1.0, ends: torch.Tensor | None = None) -> VTraceReturns:
+           clip_pg_rho_threshold: float | None = 1.0, ends: torch.Tensor | None = None,
+           lambda_: float = 1.0) -> VTraceReturns:
     """V-trace targets over time-major tensors ``[T, B...]`` (B: a batch of sequences, possibly empty).
 
     Args:
@@ -73,12 +78,13 @@ def vtrace(*, behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rewards: 
             that terminated or was truncated there); the recursion then does not carry back across it and
             ``v_{t+1}`` is the bootstrap value ``bootstrap_value[t]`` (per-step form needed). The last step
             always ends a piece.
+        lambda_: the traces' ``lambda`` in ``[0, 1]`` (1: the paper's V-trace).
 
     Returns:
         :class:`VTraceReturns` with ``vs`` and ``pg_advantages``.
 
     Raises:
-        ValueError: mismatched shapes, or ``ends`` without per-step bootstrap values.
+        ValueError: mismatched shapes, ``ends`` without per-step bootstrap values, or ``lambda_`` outside [0, 1].
     """
     shape = values.shape
     for name, x in (("behaviour_logp", behaviour_logp), ("target_logp", target_logp), ("rewards", rewards),
@@ -96,9 +102,11 @@ def vtrace(*, behaviour_logp: torch.Tensor, target_logp: torch.Tensor, rewards: 
         raise ValueError(f"vtrace: ends (shape {None if ends is None else tuple(ends.shape)}) needs the shape of "
                          f"values {tuple(shape)} and per-step bootstrap values")
 
+    if not 0.0 <= lambda_ <= 1.0:
+        raise ValueError(f"vtrace: lambda_={lambda_!r} must lie in [0, 1] (1: the paper's V-trace)")
     rhos = torch.exp(target_logp - behaviour_logp)
     clipped_rhos = _clip(rhos, clip_rho_threshold)
-    cs = rhos.clamp(max=1.0)
+    cs = lambda_ * rhos.clamp(max=1.0)
     last_bootstrap = bootstrap_value[-1] if per_step else bootstrap_value
     values_tp1 = torch.cat([values[1:], last_bootstrap.unsqueeze(0)])  # V(x_{t+1}) within a piece
     carries = torch.ones_like(values)  # 1 where v_{t+1} - V(x_{t+1}) flows back into step t

@@ -43,7 +43,7 @@ def test_config_has_impala_defaults() -> None:
     assert (c.learner_queue_size, c.learner_queue_timeout, c.max_sample_requests_in_flight_per_worker,
             c.broadcast_interval, c.num_aggregation_workers, c.after_train_step) == (16, 300, 2, 1, 0, None)
     assert (c.vtrace_clip_rho_threshold, c.vtrace_clip_pg_rho_threshold, c.vf_loss_coeff, c.entropy_coeff,
-            c.grad_clip, c.lr) == (1.0, 1.0, 0.5, 0.01, 40.0, 5e-4)
+            c.grad_clip, c.lr, c.vtrace_lambda) == (1.0, 1.0, 0.5, 0.01, 40.0, 5e-4, 1.0)
     assert c.batch_mode == "truncate_episodes" and c.use_simple_optimizer
 
 
@@ -65,6 +65,8 @@ def test_config_has_impala_defaults() -> None:
     ({"vtrace_clip_rho_threshold": 0.0}, "vtrace_clip_rho_threshold=0.0 must be a number > 0 (1.0 is the paper's "
                                          "choice)"),
     ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be a number >= 0"),
+    ({"vtrace_lambda": 1.5}, "vtrace_lambda=1.5 must be a number in [0, 1] (1.0: the paper's V-trace, 0.95: "
+                             "GAE-like traces)"),
 ])
 def test_config_validation_names_field_value_and_fix(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -119,10 +121,11 @@ def test_sequence_layout_cuts_at_episode_env_and_time_boundaries() -> None:
     assert time_index.tolist() == [L - n + j for n in lengths for j in range(n)]  # left-padded: all end at L - 1
 
 
-def test_policy_targets_equal_vtrace_run_on_each_piece_alone() -> None:
+@pytest.mark.parametrize("lam", [1.0, 0.9])
+def test_policy_targets_equal_vtrace_run_on_each_piece_alone(lam: float) -> None:
     rng = np.random.default_rng(1)
     policy = IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
-                          IMPALAConfig(seed=0, gamma=0.9, vtrace_clip_rho_threshold=0.8))
+                          IMPALAConfig(seed=0, gamma=0.9, vtrace_clip_rho_threshold=0.8, vtrace_lambda=lam))
     pieces = _pieces(rng)
     tensors = policy.to_tensors(SampleBatch.concat(pieces))
     logp = torch.log(torch.as_tensor(rng.uniform(0.2, 0.8, tensors[REWARDS].shape[0]), dtype=torch.float32))
@@ -138,7 +141,7 @@ def test_policy_targets_equal_vtrace_run_on_each_piece_alone() -> None:
         discounts = 0.9 * (1.0 - p[TERMINATEDS].float())
         expected = vtrace(behaviour_logp=p[LOGP][:, None], target_logp=logp[rows, None], rewards=p[REWARDS][:, None],
                           values=values[rows, None], bootstrap_value=bootstrap, discounts=discounts[:, None],
-                          clip_rho_threshold=0.8, clip_pg_rho_threshold=1.0)
+                          clip_rho_threshold=0.8, clip_pg_rho_threshold=1.0, lambda_=lam)
         torch.testing.assert_close(got.vs[rows], expected.vs[:, 0])
         torch.testing.assert_close(got.pg_advantages[rows], expected.pg_advantages[:, 0])
     assert start == tensors[REWARDS].shape[0]

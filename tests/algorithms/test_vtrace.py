@@ -15,16 +15,17 @@ from flowrl.algorithms.vtrace import vtrace
 
 def reference_vtrace(behaviour_logp: np.ndarray, target_logp: np.ndarray, rewards: np.ndarray, values: np.ndarray,
                      next_values: np.ndarray, discounts: np.ndarray, ends: np.ndarray, rho_bar: float,
-                     pg_rho_bar: float) -> tuple[np.ndarray, np.ndarray]:
+                     pg_rho_bar: float, lam: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """One sequence ``[T]``. A piece runs up to and including a step with ``ends``; past its last step ``t``,
     ``V(x_{t+1}) = next_values[t]``. Inside a piece, ``V(x_{t+1}) = values[t+1]``.
 
-    v_s = V(x_s) + sum_{t=s}^{e} (prod_{i=s}^{t-1} gamma_i c_i) rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
+    v_s = V(x_s) + sum_{t=s}^{e} (prod_{i=s}^{t-1} gamma_i c_i) rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t)),
+    c_i = lam min(1, pi/mu)_i
     pg_s = min(pg_rho_bar, pi/mu)_s (r_s + gamma_s v_{s+1} - V(x_s)),  v_{e+1} = V(x_{e+1}) (bootstrap)
     """
     n = len(values)
     ratio = np.exp(target_logp - behaviour_logp)
-    rho, c = np.minimum(rho_bar, ratio), np.minimum(1.0, ratio)
+    rho, c = np.minimum(rho_bar, ratio), lam * np.minimum(1.0, ratio)
     vs, pg = np.zeros(n), np.zeros(n)
     start = 0
     for end in [i for i in range(n) if ends[i] or i == n - 1]:
@@ -60,23 +61,23 @@ def random_sequences(rng: np.random.Generator, T: int, B: int, gamma: float = 0.
     }
 
 
-def run_both(data: dict[str, np.ndarray], rho_bar: float, pg_rho_bar: float,
-             per_step: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+def run_both(data: dict[str, np.ndarray], rho_bar: float, pg_rho_bar: float, per_step: bool = True,
+             lam: float = 1.0) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     t = {k: torch.as_tensor(v) for k, v in data.items()}
     if per_step:
         out = vtrace(behaviour_logp=t["behaviour_logp"], target_logp=t["target_logp"], rewards=t["rewards"],
                      values=t["values"], bootstrap_value=t["next_values"], discounts=t["discounts"],
-                     clip_rho_threshold=rho_bar, clip_pg_rho_threshold=pg_rho_bar, ends=t["ends"])
+                     clip_rho_threshold=rho_bar, clip_pg_rho_threshold=pg_rho_bar, ends=t["ends"], lambda_=lam)
     else:  # the paper's form: one bootstrap value after the last step
         out = vtrace(behaviour_logp=t["behaviour_logp"], target_logp=t["target_logp"], rewards=t["rewards"],
                      values=t["values"], bootstrap_value=t["next_values"][-1], discounts=t["discounts"],
-                     clip_rho_threshold=rho_bar, clip_pg_rho_threshold=pg_rho_bar)
+                     clip_rho_threshold=rho_bar, clip_pg_rho_threshold=pg_rho_bar, lambda_=lam)
     refs = []
     for b in range(data["values"].shape[1]):
         column = {k: v[:, b] for k, v in data.items()}
         refs.append(reference_vtrace(column["behaviour_logp"], column["target_logp"], column["rewards"],
                                      column["values"], column["next_values"], column["discounts"], column["ends"],
-                                     rho_bar, pg_rho_bar))
+                                     rho_bar, pg_rho_bar, lam))
     expected = (np.stack([r[0] for r in refs], 1), np.stack([r[1] for r in refs], 1))
     return (out.vs.numpy(), out.pg_advantages.numpy()), expected
 
@@ -94,11 +95,12 @@ def test_vtrace_equals_the_paper_definition_with_terminated_and_truncated_steps(
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), T=st.integers(1, 12), B=st.integers(1, 3),
-       gamma=st.floats(0.0, 1.0), rho_bar=st.floats(0.1, 3.0), pg_rho_bar=st.floats(0.1, 3.0))
+       gamma=st.floats(0.0, 1.0), rho_bar=st.floats(0.1, 3.0), pg_rho_bar=st.floats(0.1, 3.0),
+       lam=st.floats(0.0, 1.0))
 def test_vtrace_equals_the_reference_on_random_shapes(seed: int, T: int, B: int, gamma: float, rho_bar: float,
-                                                      pg_rho_bar: float) -> None:
+                                                      pg_rho_bar: float, lam: float) -> None:
     data = random_sequences(np.random.default_rng(seed), T=T, B=B, gamma=gamma)
-    (vs, pg), (ref_vs, ref_pg) = run_both(data, rho_bar, pg_rho_bar)
+    (vs, pg), (ref_vs, ref_pg) = run_both(data, rho_bar, pg_rho_bar, lam=lam)
     np.testing.assert_allclose(vs, ref_vs, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(pg, ref_pg, rtol=1e-9, atol=1e-9)
 
@@ -146,3 +148,33 @@ def test_shape_errors_name_the_argument(kwargs: dict[str, torch.Tensor], message
             "values": torch.zeros(4, 2), "bootstrap_value": torch.zeros(2), "discounts": torch.zeros(4, 2)}
     with pytest.raises(ValueError, match=message):
         vtrace(**{**args, **kwargs})  # type: ignore[arg-type]  # the point of the test
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 0.95])
+def test_on_policy_lambda_gives_gae_advantages_and_lambda_returns(lam: float) -> None:
+    """On-policy, ``v_s - V(x_s)`` is GAE(gamma, lambda)'s advantage ``sum_k (gamma lambda)^k delta_{s+k}``, and
+    the policy gradient's advantage is ``delta_s + gamma (v_{s+1} - V(x_{s+1}))``; lambda 0 gives TD(0) targets."""
+    rng = np.random.default_rng(7)
+    T, gamma = 9, 0.9
+    rewards, values = rng.normal(size=T), rng.normal(size=T)
+    bootstrap = 0.7
+    zeros = torch.zeros(T, 1, dtype=torch.float64)
+    out = vtrace(behaviour_logp=zeros, target_logp=zeros, rewards=torch.as_tensor(rewards)[:, None],
+                 values=torch.as_tensor(values)[:, None], bootstrap_value=torch.tensor([bootstrap], dtype=torch.float64),
+                 discounts=torch.full((T, 1), gamma, dtype=torch.float64), lambda_=lam)
+    next_values = np.append(values[1:], bootstrap)
+    deltas = rewards + gamma * next_values - values
+    gae = np.array([sum((gamma * lam) ** k * deltas[s + k] for k in range(T - s)) for s in range(T)])
+    np.testing.assert_allclose(out.vs[:, 0].numpy() - values, gae, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out.pg_advantages[:, 0].numpy(), deltas + gamma * np.append(gae[1:], 0.0),
+                               rtol=1e-12, atol=1e-12)
+    if lam == 0.0:
+        np.testing.assert_allclose(out.vs[:, 0].numpy(), rewards + gamma * next_values, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("lam", [-0.1, 1.5, float("nan")])
+def test_a_lambda_outside_0_1_is_refused(lam: float) -> None:
+    zeros = torch.zeros(3, 1)
+    with pytest.raises(ValueError, match="lambda_=.* must lie in \\[0, 1\\]"):
+        vtrace(behaviour_logp=zeros, target_logp=zeros, rewards=zeros, values=zeros, bootstrap_value=torch.zeros(1),
+               discounts=zeros, lambda_=lam)
