@@ -231,9 +231,11 @@ class _SharedSum:
     :meth:`connect` sets it up over the gloo group, or returns ``None`` when some member cannot open the directory
     (another machine, no :data:`SHARED_MEMORY_ROOT`): the group then exchanges through gloo. The first call fixes
     ``n`` and reserves the files' memory (all members' files may take at most half of the free space); if some
-    member cannot, the group stays on gloo. A tensor of another size goes through gloo. Once every member holds the pipes open (after
-    :meth:`connect`) and the files mapped (after the first call), their names are removed: the memory is the
-    kernel's until the last member closes or dies, so a killed group leaves nothing in :data:`SHARED_MEMORY_ROOT`.
+    member cannot, the group stays on gloo. A tensor of another size goes through gloo. Once every member holds the
+    pipes open (after :meth:`connect`) and the files mapped (after the first call), their names are removed: the
+    memory is the kernel's until the last member closes or dies. A group killed after its first exchange leaves
+    nothing in :data:`SHARED_MEMORY_ROOT`; one killed between :meth:`connect` and that exchange leaves its empty
+    directory (a normal exit removes it).
     """
 
     def __init__(self, rank: int, world_size: int, directory: str, timeout_s: float) -> None:
@@ -270,11 +272,11 @@ class _SharedSum:
         shared_sum = _SharedSum(rank, world, directory, collective.rendezvous.timeout_s)
         try:
             # a pipe opens for writing only once its reader has it open: readers first, then writers
-            path, own = os.path.join, shared_sum._open
+            path, own, nonblocking = os.path.join, shared_sum._open, os.O_RDONLY | os.O_NONBLOCK
             if rank == 0:
-                shared_sum._reads = [own(path(directory, f"up{r}"), os.O_RDONLY | os.O_NONBLOCK) for r in range(1, world)]
+                shared_sum._reads = [own(path(directory, f"up{r}"), nonblocking) for r in range(1, world)]
             else:
-                shared_sum._reads = [own(path(directory, f"down{rank}"), os.O_RDONLY | os.O_NONBLOCK)]
+                shared_sum._reads = [own(path(directory, f"down{rank}"), nonblocking)]
             dist.barrier()
             if rank == 0:
                 shared_sum._writes = [own(path(directory, f"down{r}"), os.O_WRONLY) for r in range(1, world)]

@@ -160,7 +160,8 @@ def test_on_policy_lambda_gives_gae_advantages_and_lambda_returns(lam: float) ->
     bootstrap = 0.7
     zeros = torch.zeros(T, 1, dtype=torch.float64)
     out = vtrace(behaviour_logp=zeros, target_logp=zeros, rewards=torch.as_tensor(rewards)[:, None],
-                 values=torch.as_tensor(values)[:, None], bootstrap_value=torch.tensor([bootstrap], dtype=torch.float64),
+                 values=torch.as_tensor(values)[:, None],
+                 bootstrap_value=torch.tensor([bootstrap], dtype=torch.float64),
                  discounts=torch.full((T, 1), gamma, dtype=torch.float64), lambda_=lam)
     next_values = np.append(values[1:], bootstrap)
     deltas = rewards + gamma * next_values - values
