@@ -126,6 +126,14 @@ def _coerce(value: Any, hint: Hint) -> Any:
     raise ValueError(f"expected {_describe(hint)}, got {value!r}")
 
 
+def _json_or_text(text: str) -> Any:
+    """``text`` as the JSON value it spells, or as itself (for messages that show a value as JSON)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def _field_names(config_class: type, prefix: str = "") -> list[str]:
     """Every settable dotted key of a config class (for suggestions)."""
     names = []
@@ -172,8 +180,11 @@ def _parse_override(config_class: type, item: str) -> tuple[tuple[str, ...], Any
         nested = _nested(hint)
         if depth < len(path) - 1:
             if nested is None:
-                raise ValueError(f"{item}: {'.'.join(path[:depth + 1])} is not a nested config, so it has no "
-                                 f"field {path[depth + 1]!r}")
+                head, rest = ".".join(path[:depth + 1]), ".".join(path[depth + 1:])
+                if hint.kind == "mapping":
+                    raise ValueError(f"{item}: {head} is a mapping, set whole as a JSON object: write --config "
+                                     f"'{head}={json.dumps({rest: _json_or_text(text)})}'")
+                raise ValueError(f"{item}: {head} is not a nested config, so it has no field {path[depth + 1]!r}")
             cls = nested
     if nested is not None:
         first = dataclasses.fields(nested)[0].name

@@ -282,6 +282,16 @@ def test_bad_invocations_are_usage_errors_naming_the_argument_and_value(case: tu
         assert text in result.output, (text, result.output)
 
 
+def test_a_dotted_key_into_a_mapping_field_names_the_json_spelling_that_works() -> None:
+    """``env_config`` is a mapping, not a nested config: ``env_config.KEY=VALUE`` is refused with the JSON-object
+    spelling, and that spelling builds the config."""
+    result = invoke("train", "ppo", "--config", "env_config.repeat_action_probability=0.0", *STOP)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    spelling = 'env_config={"repeat_action_probability": 0.0}'
+    assert spelling in result.output, result.output
+    assert build_config(PPOConfig, [spelling]).env_config == {"repeat_action_probability": 0.0}
+
+
 @pytest.mark.parametrize("args", [
     ("ppo", "--config", "use_lstm=true", "--config", "lstm_cell_size=16", "--config", "max_seq_len=10",
      "--config", "train_batch_size=200", "--config", "sgd_minibatch_size=50", "--config", "num_sgd_iter=2"),
