@@ -4,7 +4,8 @@ https://arxiv.org/abs/1707.06347; IMPALA, https://arxiv.org/abs/1802.01561).
 Dataflow: exactly IMPALA's plan (:mod:`flowrl.algorithms.impala`) -- async rollouts, learner weights to each delivering
 worker, replay mix-in, concat, a learner thread fed through a bounded queue, its output counted -- with one more
 stage after each learner output: ``UpdateTargetAndKL`` refreshes the target network (and, with ``use_kl_loss``,
-adapts the KL coefficient) every ``num_sgd_iter x minibatch_buffer_size`` learner updates, never by env steps.
+adapts the KL coefficient) every ``num_sgd_iter x minibatch_buffer_size`` learner updates (times the minibatches of a
+pass with ``sgd_minibatch_size``), never by env steps.
 
 The policy's loss is PPO's clipped surrogate on V-trace advantages whose importance ratios are taken against the
 target network's policy, as RLlib's APPO: V-trace corrects the sampled (behaviour) actions towards the target
@@ -82,8 +83,9 @@ class APPOConfig(IMPALAConfig):
 
     @property
     def target_update_period(self) -> int:
-        """Learner updates between target refreshes: ``num_sgd_iter x minibatch_buffer_size``."""
-        return self.num_sgd_iter * self.minibatch_buffer_size
+        """Learner updates between target refreshes: ``num_sgd_iter x minibatch_buffer_size``, times the
+        minibatches of a pass (:attr:`updates_per_pass`) with ``sgd_minibatch_size``."""
+        return self.num_sgd_iter * self.minibatch_buffer_size * self.updates_per_pass
 
 
 def plan(workers: WorkerSet, config: APPOConfig) -> LocalIterator[dict[str, Any]]:

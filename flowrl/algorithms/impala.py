@@ -46,11 +46,12 @@ from flowrl.ops import (BroadcastUpdateLearnerWeights, ConcatBatches, Concurrent
 from flowrl.ops.shutdown import shut_down
 from flowrl.policy import Policy, TensorBatch
 from flowrl.sample_batch import (ACTIONS, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS, STATE_OUT, TERMINATEDS,
-                                 TRUNCATEDS, T, SampleBatch)
-from flowrl.validation import bounded
+                                 TRUNCATEDS, T, AnyBatch, SampleBatch)
+from flowrl.sequences import shuffled_sequence_minibatches
+from flowrl.validation import bounded, check_int
 from flowrl.workers import WorkerSet
 
-__all__ = ["IMPALAConfig", "IMPALAPolicy", "plan", "ALGORITHM"]
+__all__ = ["IMPALAConfig", "IMPALAPolicy", "PieceMinibatches", "plan", "ALGORITHM"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,11 @@ class IMPALAConfig(TrainerConfig):
             effective ``minibatch_buffer_size`` there (:attr:`effective_minibatch_buffer_size`).
         minibatch_buffer_size: train batches the learner thread cycles through (1).
         num_sgd_iter: passes over each train batch (1).
+        sgd_minibatch_size: rows per learner update within a train batch (0: each pass learns on the whole batch).
+            Each pass cuts the batch anew, in a seeded random order, into minibatches of whole trajectory pieces
+            (V-trace runs over pieces), each taking pieces until it holds at least this many rows; so with
+            ``train_batch_size=1024, sgd_minibatch_size=256, num_sgd_iter=4`` a batch gives 16 updates, as PPO's
+            Atari settings. The single-device learner only (``simple_optimizer``), single-policy batches only.
         replay_proportion: expected replayed fragments mixed in per fresh one (0.0); needs slots.
         replay_buffer_num_slots: fragments held for replay (0).
         learner_queue_size: train batches waiting for the learner (16); a full queue throttles sampling.
@@ -87,8 +93,9 @@ class IMPALAConfig(TrainerConfig):
             the traces as GAE's lambda does, e.g. 0.95 as PPO's Atari settings).
         vf_loss_coeff: weight of the value loss ``0.5 * mean((V - vs)^2)`` (0.5).
         entropy_coeff: weight of the entropy bonus (0.01).
-        normalize_advantages: standardise the policy gradient's V-trace advantages over each train batch (mean 0,
-            std 1), as PPO does and Sample Factory's APPO by default (False: RLlib's IMPALA and APPO).
+        normalize_advantages: standardise the policy gradient's V-trace advantages over each batch learned on (the
+            train batch, or each minibatch with ``sgd_minibatch_size``; mean 0, std 1), as PPO does and Sample
+            Factory's APPO by default (False: RLlib's IMPALA and APPO).
         grad_clip: max global gradient norm (40).
         lr: Adam learning rate (5e-4).
     """
@@ -99,6 +106,7 @@ class IMPALAConfig(TrainerConfig):
     num_multi_gpu_tower_stacks: int = bounded(1, ge=1, meaning="batches the multi-GPU learner holds loaded")
     minibatch_buffer_size: int = bounded(1, ge=1, meaning="train batches the learner thread cycles through")
     num_sgd_iter: int = bounded(1, ge=1, meaning="passes over each train batch")
+    sgd_minibatch_size: int = bounded(0, ge=0, meaning="0: each pass learns on the whole train batch")
     replay_proportion: float = bounded(0.0, ge=0, meaning="expected replays per fragment")
     replay_buffer_num_slots: int = bounded(0, ge=0, meaning="fragments held for replay")
     learner_queue_size: int = bounded(16, ge=1, meaning="train batches waiting for the learner")
@@ -150,6 +158,13 @@ class IMPALAConfig(TrainerConfig):
         if self.after_train_step is not None and not callable(self.after_train_step):
             raise ValueError(f"after_train_step={self.after_train_step!r} must be a factory (workers, config) -> "
                              f"stage, or None")
+        if self.sgd_minibatch_size and not self.use_simple_optimizer:
+            raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} cuts train batches in the single-device "
+                             f"learner, but num_gpus={self.num_gpus} with simple_optimizer={self.simple_optimizer} "
+                             f"asks for the multi-device one; set simple_optimizer=True or sgd_minibatch_size=0")
+        if self.sgd_minibatch_size and self.policies is not None:
+            raise ValueError(f"sgd_minibatch_size={self.sgd_minibatch_size} cuts single-policy train batches, and "
+                             f"this config has policies={sorted(self.policies)}; set sgd_minibatch_size=0")
         if not self.use_simple_optimizer and self.num_multi_gpu_tower_stacks < self.minibatch_buffer_size:
             warnings.warn(f"minibatch_buffer_size={self.minibatch_buffer_size} exceeds num_multi_gpu_tower_stacks="
                           f"{self.num_multi_gpu_tower_stacks}; the multi-GPU learner buffers "
@@ -160,6 +175,14 @@ class IMPALAConfig(TrainerConfig):
         """One worker's ``sample_size``: fragments arrive one by one (``ParallelRollouts(async)``), so a train batch
         is ``ceil(train_batch_size / sample_size)`` of them (replayed fragments are the same size)."""
         return self.sample_size
+
+    @property
+    def updates_per_pass(self) -> int:
+        """Learner updates one pass over a train batch of ``train_batch_size`` rows makes: about
+        ``train_batch_size / sgd_minibatch_size`` (whole pieces can make the last minibatch short, or absorb it), 1
+        without minibatches."""
+        size = self.sgd_minibatch_size
+        return max(1, round(self.train_batch_size / size)) if 0 < size < self.train_batch_size else 1
 
     @property
     def effective_minibatch_buffer_size(self) -> int:
@@ -239,9 +262,10 @@ def plan(workers: WorkerSet, config: IMPALAConfig) -> LocalIterator[dict[str, An
 def _make_learner(workers: WorkerSet, config: IMPALAConfig) -> LearnerThread | MultiGPULearnerThread:
     """The learner thread (not started): the multi-GPU variant unless ``simple_optimizer``."""
     if config.use_simple_optimizer:
+        cut = PieceMinibatches(config.sgd_minibatch_size, seed=config.seed) if config.sgd_minibatch_size else None
         return LearnerThread(workers.local_worker(), minibatch_buffer_size=config.minibatch_buffer_size,
                              num_sgd_iter=config.num_sgd_iter, learner_queue_size=config.learner_queue_size,
-                             learner_queue_timeout=config.learner_queue_timeout)
+                             learner_queue_timeout=config.learner_queue_timeout, minibatches=cut)
     return MultiGPULearnerThread(
         workers.local_worker(), num_gpus=config.num_gpus, train_batch_size=config.train_batch_size,
         num_multi_gpu_tower_stacks=config.num_multi_gpu_tower_stacks, num_sgd_iter=config.num_sgd_iter,
@@ -364,6 +388,42 @@ def piece_ends(columns: Mapping[str, np.ndarray]) -> np.ndarray:
     if T in columns:
         ends[:-1] |= columns[T][1:] != columns[T][:-1] + 1
     return ends
+
+
+class PieceMinibatches:
+    """Cuts a train batch into minibatches of whole trajectory pieces (:func:`piece_ends`), for IMPALA's and APPO's
+    ``sgd_minibatch_size``: consumes a :class:`~flowrl.sample_batch.SampleBatch`, emits its pieces in a random order
+    (one generator, seeded once, so each call draws a new order) cut into minibatches that each take pieces until
+    they hold at least ``size`` rows; every row lands in exactly one, each piece's rows in time order. A batch of at
+    most ``size`` rows comes back whole.
+
+    Examples:
+        >>> batch = SampleBatch({REWARDS: np.zeros(6, np.float32), EPS_ID: np.array([0, 0, 1, 1, 2, 2]),
+        ...                      T: np.array([0, 1, 0, 1, 0, 1])})
+        >>> parts = PieceMinibatches(2, seed=0)(batch)
+        >>> [p[EPS_ID].tolist() for p in parts]
+        [[2, 2], [0, 0], [1, 1]]
+        >>> [p.count for p in PieceMinibatches(3, seed=0)(batch)]  # pieces are never split: 4 rows, then 2
+        [4, 2]
+    """
+
+    def __init__(self, size: int, seed: int | None = None) -> None:
+        check_int("PieceMinibatches size", size, 1, "rows per minibatch")
+        self.size = size
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, batch: AnyBatch) -> list[AnyBatch]:
+        if not isinstance(batch, SampleBatch):
+            raise TypeError(f"PieceMinibatches cuts a SampleBatch, got {type(batch).__name__}: sgd_minibatch_size "
+                            f"is for single-policy batches")
+        if batch.count <= self.size:
+            return [batch]
+        ends = np.flatnonzero(piece_ends(batch))
+        lengths = np.diff(ends, prepend=-1)
+        return [batch.rows(rows) for rows, _ in shuffled_sequence_minibatches(lengths, self.size, self.rng)]
+
+    def __repr__(self) -> str:
+        return f"PieceMinibatches({self.size})"
 
 
 def sequence_layout(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:

@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 from collections import deque
-from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Generic, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -352,12 +352,13 @@ class _LearnerBase(threading.Thread):
 class LearnerThread(_LearnerBase):
     """The IMPALA/APPO learner: trains on the batches put in ``inqueue``, reports on ``outqueue``.
 
-    A daemon thread. Each step takes a batch through a :class:`MinibatchBuffer` (size
-    ``minibatch_buffer_size``, every batch used ``num_sgd_iter`` times), runs
-    ``local_worker.learn_on_batch`` under ``weights_lock``, sets ``weights_updated`` and puts
-    ``(env_steps, agent_steps, learner_info)`` on ``outqueue``. A wait longer than
-    ``learner_queue_timeout`` on an empty in-queue just starts another wait. Any error is stored in
-    ``error`` and ends the thread, so ``is_alive()`` turns false.
+    A daemon thread. It takes batches through a :class:`MinibatchBuffer` (size ``minibatch_buffer_size``, every
+    batch used ``num_sgd_iter`` times); given ``minibatches``, a function that cuts a batch into the batches to
+    learn on one after another (IMPALA's cuts whole trajectory pieces), each use of a batch is cut by it. Each
+    step runs ``local_worker.learn_on_batch`` on one batch (or one cut of it) under ``weights_lock``, sets
+    ``weights_updated`` and puts ``(env_steps, agent_steps, learner_info)`` of the rows it learned on on
+    ``outqueue``. A wait longer than ``learner_queue_timeout`` on an empty in-queue just starts another wait. Any
+    error is stored in ``error`` and ends the thread, so ``is_alive()`` turns false.
 
     Use ``Enqueue(learner.inqueue)`` and ``Dequeue(learner.outqueue, check=learner.is_alive)``; call
     ``start()`` once and ``stop()`` at shutdown. Metrics: ``add_learner_metrics(result)``. Profile:
@@ -376,8 +377,13 @@ class LearnerThread(_LearnerBase):
     """
 
     def __init__(self, local_worker: _LearnsOnBatch, minibatch_buffer_size: int = 1, num_sgd_iter: int = 1,
-                 learner_queue_size: int = 16, learner_queue_timeout: float = 300) -> None:
+                 learner_queue_size: int = 16, learner_queue_timeout: float = 300,
+                 minibatches: Callable[[AnyBatch], Sequence[AnyBatch]] | None = None) -> None:
         super().__init__(local_worker, learner_queue_size, "flowrl-learner")
+        if minibatches is not None and not callable(minibatches):
+            raise TypeError(f"LearnerThread minibatches={minibatches!r} must be a function batch -> batches, or None")
+        self.minibatches = minibatches
+        self._cut: deque[AnyBatch] = deque()  # the rest of the batch being learned on, cut by ``minibatches``
         check_int("LearnerThread minibatch_buffer_size", minibatch_buffer_size, 1)
         check_int("LearnerThread num_sgd_iter", num_sgd_iter, 1)
         check_number("LearnerThread learner_queue_timeout", learner_queue_timeout, gt=0, meaning="seconds")
@@ -387,17 +393,24 @@ class LearnerThread(_LearnerBase):
 
     def _next_ready_step(self) -> Callable[[], None] | None:
         buffer = self.minibatch_buffer
-        return self.step if buffer.ttl[buffer.idx] > 0 or self.inqueue.qsize() else None
+        return self.step if self._cut or buffer.ttl[buffer.idx] > 0 or self.inqueue.qsize() else None
 
     def step(self) -> None:
-        with self.queue_timer:
-            try:
-                item, _ = self.minibatch_buffer.get()
-            except queue.Empty:
+        if not self._cut:
+            with self.queue_timer:
+                try:
+                    item, _ = self.minibatch_buffer.get()
+                except queue.Empty:
+                    return
+            if item is _STOP:
                 return
-        if item is _STOP:
-            return
-        batch = check_batch(item, self)
+            whole = check_batch(item, self)
+            parts = list(self.minibatches(whole)) if self.minibatches is not None else [whole]
+            if not parts:
+                raise ValueError(f"{self.name}: minibatches cut a batch of {whole.count} rows into no batches; it "
+                                 f"must return at least one")
+            self._cut.extend(parts)
+        batch = self._cut.popleft()
         info = self._learn(batch)
         self.learner_info = info
         self.outqueue.put((batch.count, batch.agent_steps(), info))

@@ -42,6 +42,9 @@ def test_config_has_appo_defaults_over_impala() -> None:
         (i.rollout_fragment_length, i.train_batch_size, i.lr, i.vf_loss_coeff, i.entropy_coeff, 0.0, 1, 1)
     assert c.target_update_period == 1
     assert APPOConfig(num_sgd_iter=3, minibatch_buffer_size=4).target_update_period == 12
+    # with minibatches, a pass makes about train_batch_size / sgd_minibatch_size updates
+    assert APPOConfig(train_batch_size=1024, sgd_minibatch_size=256, num_sgd_iter=4).target_update_period == 16
+    assert APPOConfig(train_batch_size=500, sgd_minibatch_size=600).target_update_period == 1
 
 
 @pytest.mark.parametrize("settings, error, message", [

@@ -14,11 +14,15 @@ import numpy as np
 import pytest
 import ray
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flowrl import executor
 from flowrl.algorithms import get_algorithm, impala
-from flowrl.algorithms.impala import ALGORITHM, IMPALAConfig, IMPALAPolicy, plan, sequence_layout
+from flowrl.algorithms.impala import ALGORITHM, IMPALAConfig, IMPALAPolicy, PieceMinibatches, plan, sequence_layout
 from flowrl.algorithms.vtrace import vtrace
+from flowrl.config import PolicySpec
+from flowrl.envs import MultiAgentCartPole
 from flowrl.metrics import AGENT_STEPS_SAMPLED_COUNTER, STEPS_SAMPLED_COUNTER
 from flowrl.ops import BroadcastUpdateLearnerWeights, make_aggregators
 from flowrl.sample_batch import (ACTIONS, DEFAULT_POLICY_ID, ENV_ID, EPS_ID, LOGP, NEXT_OBS, OBS, REWARDS,
@@ -67,6 +71,15 @@ def test_config_has_impala_defaults() -> None:
     ({"entropy_coeff": -0.1}, "entropy_coeff=-0.1 must be a number >= 0"),
     ({"vtrace_lambda": 1.5}, "vtrace_lambda=1.5 must be a number in [0, 1] (1.0: the paper's V-trace, 0.95: "
                              "GAE-like traces)"),
+    ({"sgd_minibatch_size": -1}, "sgd_minibatch_size=-1 must be an int >= 0 (0: each pass learns on the whole "
+                                 "train batch)"),
+    ({"sgd_minibatch_size": 64, "simple_optimizer": False}, "sgd_minibatch_size=64 cuts train batches in the "
+                                                            "single-device learner, but num_gpus=0 with "
+                                                            "simple_optimizer=False asks for the multi-device one; "
+                                                            "set simple_optimizer=True or sgd_minibatch_size=0"),
+    ({"sgd_minibatch_size": 64, "env": MultiAgentCartPole, "policies": {"a": PolicySpec()}},
+     "sgd_minibatch_size=64 cuts single-policy train batches, and this config has policies=['a']; set "
+     "sgd_minibatch_size=0"),
 ])
 def test_config_validation_names_field_value_and_fix(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -179,6 +192,82 @@ def test_policy_learns_on_a_concatenated_batch_and_needs_its_config() -> None:
     from flowrl.algorithms.a2c import A2CConfig
     with pytest.raises(TypeError, match="IMPALAPolicy needs an IMPALAConfig"):
         IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), A2CConfig())
+
+
+# -- minibatches of whole pieces ----------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=12), size=st.integers(1, 40),
+       seed=st.integers(0, 2**16))
+def test_piece_minibatches_keep_pieces_whole_and_learn_every_row_once(lengths: list[int], size: int,
+                                                                       seed: int) -> None:
+    total = sum(lengths)
+    batch = SampleBatch({REWARDS: np.arange(total, dtype=np.float32),  # the row's number
+                         EPS_ID: np.repeat(np.arange(len(lengths)), lengths),
+                         T: np.concatenate([np.arange(n) for n in lengths])})
+    parts = PieceMinibatches(size, seed=seed)(batch)
+    rows = np.concatenate([p[REWARDS] for p in parts]).astype(int)
+    assert sorted(rows.tolist()) == list(range(total))  # every row exactly once
+    if total <= size:
+        assert parts == [batch]
+    for i, part in enumerate(parts):
+        ids = part[EPS_ID]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        assert len(starts) == len(set(ids.tolist()))  # a piece's rows sit together ...
+        for start, eps in zip(starts, ids[starts]):
+            n = lengths[eps]
+            assert part[T][start:start + n].tolist() == list(range(n))  # ... whole and in time order
+        if i < len(parts) - 1:  # pieces are taken until the minibatch holds at least `size` rows, no more
+            assert part.count >= size and part.count - lengths[ids[-1]] < size
+
+
+def test_piece_minibatches_draw_a_new_order_per_call_from_one_seed() -> None:
+    batch = SampleBatch({REWARDS: np.zeros(10, np.float32), EPS_ID: np.arange(10), T: np.zeros(10, np.int64)})
+    orders = [[p[EPS_ID].tolist() for p in PieceMinibatches(2, seed=5)(batch)] for _ in range(2)]
+    assert orders[0] == orders[1]  # seeded
+    cut = PieceMinibatches(2, seed=5)
+    assert [p[EPS_ID].tolist() for p in cut(batch)] != [p[EPS_ID].tolist() for p in cut(batch)]
+    with pytest.raises(TypeError, match="PieceMinibatches cuts a SampleBatch, got MultiAgentBatch"):
+        cut(batch.as_multi_agent())
+    with pytest.raises(ValueError, match="PieceMinibatches size"):
+        PieceMinibatches(0)
+
+
+def test_vtrace_targets_of_a_minibatch_equal_the_whole_batchs_at_its_rows() -> None:
+    """Minibatches of whole pieces change nothing V-trace computes: each piece's targets are its own."""
+    rng = np.random.default_rng(4)
+    policy = IMPALAPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2),
+                          IMPALAConfig(seed=0, gamma=0.9, vtrace_lambda=0.95))
+    batch = SampleBatch.concat(_pieces(rng))
+    full = policy.to_tensors(batch)
+    logp = torch.log(torch.as_tensor(rng.uniform(0.2, 0.8, batch.count), dtype=torch.float32))
+    values = torch.as_tensor(rng.normal(size=batch.count), dtype=torch.float32)
+    expected = policy.vtrace_targets(full, logp, values)
+    parts = PieceMinibatches(6, seed=1)(batch)
+    assert len(parts) > 2
+    for part in parts:
+        rows = [int(np.flatnonzero((batch[OBS] == o).all(axis=1))[0]) for o in part[OBS]]
+        got = policy.vtrace_targets(policy.to_tensors(part), logp[rows], values[rows])
+        torch.testing.assert_close(got.vs, expected.vs[rows])
+        torch.testing.assert_close(got.pg_advantages, expected.pg_advantages[rows])
+
+
+@pytest.mark.parametrize("size", [0, 40])
+def test_plan_learns_on_minibatches_of_each_train_batch(size: int) -> None:
+    config = IMPALAConfig(env="CartPole-v1", seed=0, num_workers=0, rollout_fragment_length=50,
+                          train_batch_size=100, timesteps_per_iteration=0, num_sgd_iter=2, sgd_minibatch_size=size)
+    workers = WorkerSet(policy_class=IMPALAPolicy, config=config)
+    it = plan(workers, config)
+    try:
+        results = it.take(12)
+    finally:
+        it.close()
+        workers.stop()
+    info = results[-1]["info"]
+    trained, updates = info["num_steps_trained"], info["num_learner_updates"]
+    # without minibatches every update learns on a whole 100-row batch; with them, on 40-99 rows
+    assert trained == 100 * updates if size == 0 else 40 * updates <= trained < 100 * updates
+    assert np.isfinite(info["learner"][DEFAULT_POLICY_ID]["learner_stats"]["loss"])
 
 
 # -- the plan -----------------------------------------------------------------------------------------

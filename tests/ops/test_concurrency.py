@@ -515,6 +515,32 @@ def test_learner_uses_each_batch_num_sgd_iter_times(start: Callable[[Any], Any])
     assert [learner.outqueue.get(timeout=WAIT_S)[0] for _ in range(6)] == [2, 2, 2, 3, 3, 3]
 
 
+def test_learner_cuts_each_use_of_a_batch_with_minibatches_and_learns_on_each_cut(
+        start: Callable[[Any], Any]) -> None:
+    calls: list[int] = []
+
+    def halves(batch: Any) -> list[Any]:
+        calls.append(batch.count)
+        return [batch[:2], batch[2:]]
+
+    worker = FakeWorker(config=FakeConfig())
+    learner = start(LearnerThread(worker, num_sgd_iter=2, minibatches=halves))
+    learner.inqueue.put(fake_batch(5))
+    learner.inqueue.put(fake_batch(4, start=5))
+    outs = [learner.outqueue.get(timeout=WAIT_S)[0] for _ in range(8)]
+    assert outs == [2, 3, 2, 3, 2, 2, 2, 2]  # each of the 2 passes over a batch cut anew; every row learned twice
+    assert calls == [5, 5, 4, 4] and worker.learn_calls == outs and learner.num_steps == 8
+
+
+def test_learner_dies_of_minibatches_that_return_no_batch(start: Callable[[Any], Any]) -> None:
+    learner = start(LearnerThread(FakeWorker(config=FakeConfig()), minibatches=lambda batch: []))
+    learner.inqueue.put(fake_batch(3))
+    learner.join(timeout=WAIT_S)
+    assert isinstance(learner.error, ValueError) and "cut a batch of 3 rows into no batches" in str(learner.error)
+    with pytest.raises(TypeError, match="minibatches=3 must be a function batch -> batches"):
+        LearnerThread(FakeWorker(config=FakeConfig()), minibatches=3)  # type: ignore[arg-type]
+
+
 def test_impala_shaped_flow_keeps_the_slow_learner_inqueue_bounded(start: Callable[[Any], Any]) -> None:
     maxsize, n = 2, 15
     worker = FakeWorker(config=FakeConfig(learn_delay_s=0.02))
